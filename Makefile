@@ -1,0 +1,37 @@
+# parascope: `sudo make run` profiles this host for 30 s; `sudo make test` runs every test.
+# Both install the Debian packages they need first (scripts/setup, idempotent).
+BUILD ?= build
+JOBS ?= $(shell nproc)
+RUN_FLAGS ?= --duration=30s --output-dir=./profiles --print-summary
+PPROF := $(BUILD)/tools/pprof
+
+.PHONY: all setup build run test unit clean
+
+all: build
+
+setup:
+	@bash scripts/setup
+
+build: setup $(PPROF)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+# The real pprof tool, built offline from Debian's Go packages; tests read profiles through it.
+$(PPROF):
+	@mkdir -p $(dir $@)
+	GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE=$(abspath $(BUILD))/go-cache \
+	  go build -o $@ github.com/google/pprof
+
+run: build
+	$(BUILD)/bin/parascope $(RUN_FLAGS)
+
+# Unit tests need no privileges; [root] tests load BPF and must run as root (in CI they fail,
+# not skip, without it).
+test: build
+	cd $(BUILD) && ctest --output-on-failure --timeout 600
+
+unit: build
+	cd $(BUILD) && ctest --output-on-failure -R '^unit:' 
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,17 @@
+// The daemon: wires the BPF sampler, process table, symbolizers, profile builders and exporters
+// together and runs the window loop.
+#pragma once
+
+#include "absl/status/status.h"
+#include "agent/config/config.h"
+
+namespace parascope {
+
+// Runs the agent until config.duration elapses or SIGINT/SIGTERM arrives; either way the current
+// (partial) window is drained and exported before returning OK. Must be called from the main
+// thread with SIGINT and SIGTERM blocked (main does this before any other thread exists).
+// Errors: a missing privilege or kernel feature (PermissionDenied, FailedPrecondition) or a
+// failure to load/attach, with a message saying what to grant or enable.
+absl::Status RunAgent(const Config& config);
+
+}  // namespace parascope

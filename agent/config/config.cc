@@ -1,0 +1,49 @@
+#include "agent/config/config.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "bpf/abi.h"
+
+namespace parascope {
+
+absl::Status Config::Validate() const {
+  // 10 kHz keeps well under the kernel's default kernel.perf_event_max_sample_rate (100000,
+  // lowered automatically when sampling takes too long: kernel/events/core.c).
+  if (sampling_frequency_hz < 1 || sampling_frequency_hz > 10000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--sampling-frequency: must be in [1, 10000] Hz, got ", sampling_frequency_hz));
+  }
+  if (collect_interval < absl::Milliseconds(100) || collect_interval > absl::Hours(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--collect-interval: must be in [100ms, 1h], got ", absl::FormatDuration(collect_interval)));
+  }
+  if (duration < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--duration: must not be negative, got ", absl::FormatDuration(duration)));
+  }
+  if (pids.size() > PS_PID_FILTER_ENTRIES) {
+    return absl::InvalidArgumentError(absl::StrCat("--pid: at most ", PS_PID_FILTER_ENTRIES,
+                                                   " pids, got ", pids.size()));
+  }
+  if (summary_processes < 1 || summary_functions < 1) {
+    return absl::InvalidArgumentError("--summary-processes/--summary-functions: must be >= 1");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint32_t>> ParsePidList(absl::string_view text) {
+  std::vector<uint32_t> out;
+  if (text.empty()) return out;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    uint32_t pid = 0;
+    if (!absl::SimpleAtoi(item, &pid) || pid == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", item, "' is not a process id (a positive integer)"));
+    }
+    out.push_back(pid);
+  }
+  return out;
+}
+
+}  // namespace parascope

@@ -1,0 +1,40 @@
+// Agent configuration: what main's flags (SPEC section 5) turn into, validated once.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "agent/util/log.h"
+
+namespace parascope {
+
+struct Config {
+  // On-CPU samples per second per CPU (perf_event_attr.sample_freq), Hz.
+  int32_t sampling_frequency_hz = 19;
+  // Window length; each window yields one profile per process and type.
+  absl::Duration collect_interval = absl::Seconds(15);
+  // Stop after this long (the last window is partial); zero = until SIGINT/SIGTERM.
+  absl::Duration duration = absl::ZeroDuration();
+  // Profile only these tgids (all their threads); empty = every process.
+  std::vector<uint32_t> pids;
+  // Write DIR/<pid>/<name>-<t0 unix ms>.pb.gz; empty = no files.
+  std::string output_dir;
+  LogLevel log_level = LogLevel::kInfo;
+  // At exit, print the busiest processes and their top functions to stdout.
+  bool print_summary = false;
+  int32_t summary_processes = 5;
+  int32_t summary_functions = 8;
+
+  // Checks ranges and combinations. InvalidArgument whose message starts with the offending
+  // flag, e.g. "--sampling-frequency: must be in [1, 10000], got 0".
+  absl::Status Validate() const;
+};
+
+// Parses "123,456" into tgids. InvalidArgument on an empty item, a non-number or 0.
+absl::StatusOr<std::vector<uint32_t>> ParsePidList(absl::string_view text);
+
+}  // namespace parascope

@@ -1,0 +1,65 @@
+#include "agent/export/file_exporter.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "agent/util/status.h"
+
+namespace parascope {
+namespace {
+
+absl::Status MkdirP(const std::string& path) {
+  if (mkdir(path.c_str(), 0755) == 0 || errno == EEXIST) return absl::OkStatus();
+  if (errno == ENOENT) {
+    size_t slash = path.find_last_of('/');
+    if (slash != std::string::npos && slash > 0) {
+      PS_RETURN_IF_ERROR(MkdirP(path.substr(0, slash)));
+      if (mkdir(path.c_str(), 0755) == 0 || errno == EEXIST) return absl::OkStatus();
+    }
+  }
+  return ErrnoStatus(errno, absl::StrCat("mkdir ", path));
+}
+
+}  // namespace
+
+std::string FileExporter::PathFor(const ProcessProfile& p) const {
+  return absl::StrCat(dir_, "/", p.process.tgid, "/", p.type, "-",
+                      p.profile.time_nanos() / 1000000, ".pb.gz");
+}
+
+absl::Status FileExporter::Export(const ProcessProfile& p) {
+  PS_ASSIGN_OR_RETURN(std::string data, SerializeGzip(p.profile));
+  std::string dir = absl::StrCat(dir_, "/", p.process.tgid);
+  PS_RETURN_IF_ERROR(MkdirP(dir));
+  std::string path = PathFor(p);
+  std::string tmp = absl::StrCat(path, ".tmp");
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", tmp));
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = write(fd, data.data() + off, data.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      close(fd);
+      unlink(tmp.c_str());
+      return ErrnoStatus(err, absl::StrCat("write ", tmp));
+    }
+    off += n;
+  }
+  if (close(fd) != 0) {
+    int err = errno;
+    unlink(tmp.c_str());
+    return ErrnoStatus(err, absl::StrCat("close ", tmp));
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    unlink(tmp.c_str());
+    return ErrnoStatus(err, absl::StrCat("rename ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace parascope

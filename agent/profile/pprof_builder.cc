@@ -1,0 +1,184 @@
+#include "agent/profile/pprof_builder.h"
+
+#include <zlib.h>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+namespace parascope {
+
+PprofBuilder::PprofBuilder(std::vector<ValueTypeSpec> sample_types, ValueTypeSpec period_type,
+                           int64_t period)
+    : num_values_(sample_types.size()) {
+  InternString("");
+  for (const auto& st : sample_types) {
+    auto* vt = profile_.add_sample_type();
+    vt->set_type(InternString(st.type));
+    vt->set_unit(InternString(st.unit));
+  }
+  if (!period_type.type.empty()) {
+    profile_.mutable_period_type()->set_type(InternString(period_type.type));
+    profile_.mutable_period_type()->set_unit(InternString(period_type.unit));
+    profile_.set_period(period);
+  }
+}
+
+int64_t PprofBuilder::InternString(absl::string_view s) {
+  auto [it, inserted] = strings_.try_emplace(s, profile_.string_table_size());
+  if (inserted) profile_.add_string_table(std::string(s));
+  return it->second;
+}
+
+uint64_t PprofBuilder::AddMapping(const MappingSpec& m) {
+  std::string key = absl::StrCat(m.memory_start, "/", m.memory_limit, "/", m.file_offset, "/",
+                                 m.has_functions, "/", m.build_id, "/", m.filename);
+  auto it = mappings_.find(key);
+  if (it != mappings_.end()) return it->second;
+  auto* pm = profile_.add_mapping();
+  uint64_t id = profile_.mapping_size();
+  pm->set_id(id);
+  pm->set_memory_start(m.memory_start);
+  pm->set_memory_limit(m.memory_limit);
+  pm->set_file_offset(m.file_offset);
+  pm->set_filename(InternString(m.filename));
+  pm->set_build_id(InternString(m.build_id));
+  pm->set_has_functions(m.has_functions);
+  mappings_.emplace(std::move(key), id);
+  return id;
+}
+
+uint64_t PprofBuilder::AddFunction(const FunctionSpec& f) {
+  std::string key = absl::StrCat(f.name, "\x1f", f.system_name, "\x1f", f.filename);
+  auto it = functions_.find(key);
+  if (it != functions_.end()) return it->second;
+  auto* pf = profile_.add_function();
+  uint64_t id = profile_.function_size();
+  pf->set_id(id);
+  pf->set_name(InternString(f.name));
+  pf->set_system_name(InternString(f.system_name));
+  pf->set_filename(InternString(f.filename));
+  functions_.emplace(std::move(key), id);
+  return id;
+}
+
+uint64_t PprofBuilder::AddLocation(uint64_t mapping_id, uint64_t address,
+                                   absl::Span<const uint64_t> function_ids) {
+  LocationKey key{mapping_id, address, {function_ids.begin(), function_ids.end()}};
+  auto it = locations_.find(key);
+  if (it != locations_.end()) return it->second;
+  auto* pl = profile_.add_location();
+  uint64_t id = profile_.location_size();
+  pl->set_id(id);
+  pl->set_mapping_id(mapping_id);
+  pl->set_address(address);
+  for (uint64_t fid : function_ids) pl->add_line()->set_function_id(fid);
+  locations_.emplace(std::move(key), id);
+  return id;
+}
+
+uint64_t PprofBuilder::AddSyntheticLocation(absl::string_view name) {
+  uint64_t fid = AddFunction({std::string(name), std::string(name), ""});
+  return AddLocation(0, 0, {fid});
+}
+
+void PprofBuilder::AddSample(absl::Span<const uint64_t> location_ids,
+                             absl::Span<const int64_t> values, absl::Span<const LabelSpec> labels) {
+  std::string key;
+  for (uint64_t id : location_ids) absl::StrAppend(&key, id, ",");
+  for (const auto& l : labels) {
+    absl::StrAppend(&key, "\x1f", l.key, "=", l.is_num ? absl::StrCat(l.num, l.num_unit) : l.str,
+                    l.is_num ? "#" : "$");
+  }
+  auto it = samples_.find(key);
+  if (it != samples_.end()) {
+    auto* s = profile_.mutable_sample(it->second);
+    for (size_t i = 0; i < num_values_ && i < values.size(); ++i) {
+      s->set_value(i, s->value(i) + values[i]);
+    }
+    return;
+  }
+  auto* s = profile_.add_sample();
+  for (uint64_t id : location_ids) s->add_location_id(id);
+  for (size_t i = 0; i < num_values_; ++i) s->add_value(i < values.size() ? values[i] : 0);
+  for (const auto& l : labels) {
+    auto* pl = s->add_label();
+    pl->set_key(InternString(l.key));
+    if (l.is_num) {
+      pl->set_num(l.num);
+      if (!l.num_unit.empty()) pl->set_num_unit(InternString(l.num_unit));
+    } else {
+      pl->set_str(InternString(l.str));
+    }
+  }
+  samples_.emplace(std::move(key), profile_.sample_size() - 1);
+}
+
+void PprofBuilder::AddComment(absl::string_view comment) {
+  profile_.add_comment(InternString(comment));
+}
+
+int64_t PprofBuilder::ValueSum(size_t index) const {
+  int64_t sum = 0;
+  for (const auto& s : profile_.sample()) {
+    if (static_cast<int>(index) < s.value_size()) sum += s.value(index);
+  }
+  return sum;
+}
+
+perftools::profiles::Profile PprofBuilder::Build(int64_t time_nanos, int64_t duration_nanos) && {
+  profile_.set_time_nanos(time_nanos);
+  profile_.set_duration_nanos(duration_nanos);
+  return std::move(profile_);
+}
+
+absl::StatusOr<std::string> SerializeGzip(const perftools::profiles::Profile& profile) {
+  std::string raw;
+  if (!profile.SerializeToString(&raw)) return absl::InternalError("pprof: serialization failed");
+  z_stream zs{};
+  // windowBits 15 + 16: gzip wrapper (zlib.h, deflateInit2).
+  if (deflateInit2(&zs, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
+    return absl::InternalError("gzip: deflateInit2 failed");
+  }
+  std::string out;
+  out.resize(deflateBound(&zs, raw.size()) + 32);
+  zs.next_in = reinterpret_cast<Bytef*>(raw.data());
+  zs.avail_in = raw.size();
+  zs.next_out = reinterpret_cast<Bytef*>(out.data());
+  zs.avail_out = out.size();
+  int rc = deflate(&zs, Z_FINISH);
+  deflateEnd(&zs);
+  if (rc != Z_STREAM_END) return absl::InternalError(absl::StrCat("gzip: deflate failed: ", rc));
+  out.resize(zs.total_out);
+  return out;
+}
+
+absl::StatusOr<perftools::profiles::Profile> ParseMaybeGzip(absl::string_view data) {
+  std::string raw;
+  if (data.size() >= 2 && static_cast<unsigned char>(data[0]) == 0x1f &&
+      static_cast<unsigned char>(data[1]) == 0x8b) {
+    z_stream zs{};
+    if (inflateInit2(&zs, 15 + 16) != Z_OK) return absl::InternalError("gzip: inflateInit2");
+    zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+    zs.avail_in = data.size();
+    char buf[1 << 16];
+    int rc;
+    do {
+      zs.next_out = reinterpret_cast<Bytef*>(buf);
+      zs.avail_out = sizeof(buf);
+      rc = inflate(&zs, Z_NO_FLUSH);
+      if (rc != Z_OK && rc != Z_STREAM_END) {
+        inflateEnd(&zs);
+        return absl::InvalidArgumentError(absl::StrCat("gzip: corrupt data (", rc, ")"));
+      }
+      raw.append(buf, sizeof(buf) - zs.avail_out);
+    } while (rc != Z_STREAM_END);
+    inflateEnd(&zs);
+  } else {
+    raw.assign(data.data(), data.size());
+  }
+  perftools::profiles::Profile p;
+  if (!p.ParseFromString(raw)) return absl::InvalidArgumentError("pprof: not a valid Profile");
+  return p;
+}
+
+}  // namespace parascope

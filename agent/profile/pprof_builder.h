@@ -1,0 +1,114 @@
+// Builds one pprof Profile (proto/profile.proto, SPEC section 6) with interning and dedup.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "proto/profile.pb.h"
+
+namespace parascope {
+
+// pprof sample type: strings for ValueType{type, unit}, e.g. {"cpu", "nanoseconds"}.
+struct ValueTypeSpec {
+  std::string type;
+  std::string unit;
+};
+
+// A sample label: string (`str`) or numeric (`num` with optional `num_unit`).
+struct LabelSpec {
+  std::string key;
+  std::string str;
+  int64_t num = 0;
+  std::string num_unit;
+  bool is_num = false;
+
+  static LabelSpec Str(std::string key, std::string value) {
+    return LabelSpec{std::move(key), std::move(value), 0, "", false};
+  }
+  static LabelSpec Num(std::string key, int64_t value, std::string unit = "") {
+    return LabelSpec{std::move(key), "", value, std::move(unit), true};
+  }
+};
+
+// What a Mapping says (addresses are the process's virtual addresses, file_offset in bytes).
+struct MappingSpec {
+  uint64_t memory_start = 0;
+  uint64_t memory_limit = 0;
+  uint64_t file_offset = 0;
+  std::string filename;
+  std::string build_id;  // lowercase hex, "" if unknown
+  bool has_functions = false;
+};
+
+// One Line of a Location: a function and its names.
+struct FunctionSpec {
+  std::string name;         // demangled
+  std::string system_name;  // as in the symbol table
+  std::string filename;     // source file, "" if unknown
+};
+
+// Accumulates samples of one profile. Strings, Mappings, Functions and Locations are interned
+// (ids are 1-based and dense, string 0 is ""); samples with identical location lists and labels
+// are merged by adding values. Not thread-safe.
+class PprofBuilder {
+ public:
+  // sample_types in index order; period_type / period as in SPEC section 2 (period_type.type ""
+  // = no period type).
+  PprofBuilder(std::vector<ValueTypeSpec> sample_types, ValueTypeSpec period_type, int64_t period);
+
+  int64_t InternString(absl::string_view s);
+  // Dedups on all fields. Returns the mapping id (>= 1).
+  uint64_t AddMapping(const MappingSpec& m);
+  uint64_t AddFunction(const FunctionSpec& f);
+  // A Location at `address` in `mapping_id` (0 = none) whose lines are `function_ids`, innermost
+  // first (empty = unsymbolized). Dedups on (mapping_id, address, function_ids).
+  uint64_t AddLocation(uint64_t mapping_id, uint64_t address,
+                       absl::Span<const uint64_t> function_ids);
+  // A synthetic frame such as "[unknown]" or "[truncated]": a Location without mapping whose one
+  // Function is `name`.
+  uint64_t AddSyntheticLocation(absl::string_view name);
+  // Adds `values` (one per sample type) to the sample with these locations (leaf first) and labels.
+  void AddSample(absl::Span<const uint64_t> location_ids, absl::Span<const int64_t> values,
+                 absl::Span<const LabelSpec> labels);
+  void AddComment(absl::string_view comment);
+
+  size_t sample_count() const { return profile_.sample_size(); }
+  // Sum over samples of value[index].
+  int64_t ValueSum(size_t index) const;
+
+  // Finishes the profile: time_nanos (unix ns of the window start), duration_nanos (window ns).
+  // The builder must not be used afterwards.
+  perftools::profiles::Profile Build(int64_t time_nanos, int64_t duration_nanos) &&;
+
+ private:
+  struct LocationKey {
+    uint64_t mapping_id;
+    uint64_t address;
+    std::vector<uint64_t> function_ids;
+    bool operator==(const LocationKey&) const = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const LocationKey& k) {
+      return H::combine(std::move(h), k.mapping_id, k.address, k.function_ids);
+    }
+  };
+
+  perftools::profiles::Profile profile_;
+  size_t num_values_;
+  absl::flat_hash_map<std::string, int64_t> strings_;
+  absl::flat_hash_map<std::string, uint64_t> mappings_;   // key: encoded MappingSpec
+  absl::flat_hash_map<std::string, uint64_t> functions_;  // key: encoded FunctionSpec
+  absl::flat_hash_map<LocationKey, uint64_t> locations_;
+  absl::flat_hash_map<std::string, int> samples_;         // key: encoded locations + labels
+};
+
+// Serializes and gzips a profile (the pprof on-disk and on-wire form). Errors: Internal from zlib.
+absl::StatusOr<std::string> SerializeGzip(const perftools::profiles::Profile& profile);
+// Gunzips (if gzip magic present) and parses. Errors: InvalidArgument for corrupt input.
+absl::StatusOr<perftools::profiles::Profile> ParseMaybeGzip(absl::string_view data);
+
+}  // namespace parascope

@@ -1,0 +1,85 @@
+#include "agent/symbolize/stack_symbolizer.h"
+
+#include <limits>
+
+namespace parascope {
+
+StackSymbolizer::StackSymbolizer(proc::ProcessTable* processes, symbolize::ElfCache* elf_cache,
+                                 const symbolize::Kallsyms* kallsyms)
+    : processes_(processes), elf_cache_(elf_cache), kallsyms_(kallsyms) {}
+
+void StackSymbolizer::AddKernelFrames(PprofBuilder& builder, absl::Span<const uint64_t> ips,
+                                      std::vector<uint64_t>* out) {
+  if (ips.empty()) return;
+  MappingSpec spec;
+  spec.filename = kKernelMapping;
+  spec.memory_start = kallsyms_ ? kallsyms_->min_address() : 0;
+  spec.memory_limit = std::numeric_limits<uint64_t>::max();
+  spec.has_functions = kallsyms_ != nullptr && kallsyms_->size() > 0;
+  uint64_t mapping_id = builder.AddMapping(spec);
+  for (size_t i = 0; i < ips.size(); ++i) {
+    ++stats_.frames;
+    uint64_t ip = ips[i];
+    const symbolize::KernelSymbol* sym = nullptr;
+    if (kallsyms_ != nullptr) sym = kallsyms_->Lookup(i == 0 ? ip : ip - 1);
+    if (sym == nullptr) {
+      ++stats_.kernel_no_symbol;
+      out->push_back(builder.AddLocation(mapping_id, ip, {}));
+      continue;
+    }
+    uint64_t fid = builder.AddFunction({sym->name, sym->name, ""});
+    out->push_back(builder.AddLocation(mapping_id, ip, {fid}));
+  }
+}
+
+void StackSymbolizer::AddUserFrames(PprofBuilder& builder, const proc::ProcessKey& process,
+                                    absl::Span<const uint64_t> ips, std::vector<uint64_t>* out) {
+  for (size_t i = 0; i < ips.size(); ++i) {
+    ++stats_.frames;
+    uint64_t ip = ips[i];
+    uint64_t lookup_ip = i == 0 ? ip : ip - 1;
+    const proc::MapEntry* m = processes_->FindMapping(process, lookup_ip);
+    if (m == nullptr) {
+      ++stats_.no_mapping;
+      out->push_back(builder.AddLocation(0, ip, {}));
+      continue;
+    }
+    MappingSpec spec;
+    spec.memory_start = m->start;
+    spec.memory_limit = m->end;
+    spec.file_offset = m->offset;
+    spec.filename = m->path.empty() ? "[anon]" : m->path;
+    std::shared_ptr<const symbolize::ElfFile> elf;
+    if (m->file_backed()) {
+      std::string host_path = processes_->HostPath(process, *m);
+      auto elf_or = elf_cache_->Get(host_path);
+      if (elf_or.ok()) {
+        elf = *std::move(elf_or);
+      } else {
+        ++stats_.no_elf;
+        elf_errors_log_.Log(LogLevel::kWarning, "symbolize: cannot read %s: %s", host_path,
+                            elf_or.status().ToString());
+      }
+    }
+    if (elf != nullptr) {
+      spec.build_id = elf->build_id();
+      spec.has_functions = true;
+    }
+    uint64_t mapping_id = builder.AddMapping(spec);
+    const symbolize::ElfSymbol* sym = nullptr;
+    if (elf != nullptr) {
+      std::optional<uint64_t> vaddr = elf->FileOffsetToVaddr(lookup_ip - spec.memory_start +
+                                                             spec.file_offset);
+      if (vaddr) sym = elf->Lookup(*vaddr);
+    }
+    if (sym == nullptr) {
+      if (elf != nullptr) ++stats_.no_symbol;
+      out->push_back(builder.AddLocation(mapping_id, ip, {}));
+      continue;
+    }
+    uint64_t fid = builder.AddFunction({sym->name, sym->system_name, ""});
+    out->push_back(builder.AddLocation(mapping_id, ip, {fid}));
+  }
+}
+
+}  // namespace parascope

@@ -1,0 +1,59 @@
+// Turns raw instruction pointers into pprof Locations (SPEC section 3): kernel frames from
+// /proc/kallsyms under the `[kernel.kallsyms]` mapping, user frames from the ELF symbol tables of
+// the files mapped at those addresses, found through /proc/<pid>/maps and opened through
+// /proc/<pid>/root so container paths resolve.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "agent/proc/process_table.h"
+#include "agent/profile/pprof_builder.h"
+#include "agent/symbolize/elf_cache.h"
+#include "agent/symbolize/kallsyms.h"
+#include "agent/util/log.h"
+
+namespace parascope {
+
+// Counters of a StackSymbolizer (monotonic).
+struct SymbolizerStats {
+  uint64_t frames = 0;           // user + kernel frames resolved
+  uint64_t no_mapping = 0;       // user ip outside every mapping (process gone or JIT)
+  uint64_t no_elf = 0;           // mapping's file unreadable or not ELF
+  uint64_t no_symbol = 0;        // ELF read, but no symbol covers the address
+  uint64_t kernel_no_symbol = 0; // kernel ip not covered by kallsyms
+};
+
+// Not thread-safe. Borrows the process table, ELF cache and kallsyms (may be null: kernel frames
+// then keep their addresses).
+class StackSymbolizer {
+ public:
+  StackSymbolizer(proc::ProcessTable* processes, symbolize::ElfCache* elf_cache,
+                  const symbolize::Kallsyms* kallsyms);
+
+  // Appends one Location id per kernel ip (leaf first) to *out.
+  void AddKernelFrames(PprofBuilder& builder, absl::Span<const uint64_t> ips,
+                       std::vector<uint64_t>* out);
+  // Appends one Location id per user ip (leaf first) of `process` to *out. Frames after the leaf
+  // are return addresses and are symbolized at ip - 1 (the call instruction), while the Location
+  // keeps the raw address. A frame that cannot be symbolized keeps its address and Mapping (with
+  // build id) so a server-side symbolizer can finish the job.
+  void AddUserFrames(PprofBuilder& builder, const proc::ProcessKey& process,
+                     absl::Span<const uint64_t> ips, std::vector<uint64_t>* out);
+
+  const SymbolizerStats& stats() const { return stats_; }
+
+  // Name of the kernel mapping (perf's convention, SPEC section 3).
+  static constexpr char kKernelMapping[] = "[kernel.kallsyms]";
+
+ private:
+  proc::ProcessTable* processes_;
+  symbolize::ElfCache* elf_cache_;
+  const symbolize::Kallsyms* kallsyms_;
+  SymbolizerStats stats_;
+  RateLimitedLog elf_errors_log_;
+};
+
+}  // namespace parascope

@@ -1,0 +1,51 @@
+// Ground truth for on-CPU shares: one thread spends CPU in spin_a and spin_b in a 3:1 ratio.
+//
+// usage: cpu_ratio SECONDS
+//   prints "ready <pid>", waits for a line on stdin (so the profiler can attach first), spins for
+//   SECONDS of wall time, prints "done <cpu ns spent spinning>", then idles until stdin closes
+//   (the process stays alive, so its maps can still be read for symbolization).
+// Both functions call the same noinline burn() with a 3:1 iteration count, so their CPU times
+// are 3:1 by construction; their inclusive shares are 0.75 and 0.25.
+// Build: -O1 -fno-omit-frame-pointer -fno-optimize-sibling-calls (frame-pointer unwinding).
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#define UNIT 100000UL /* iterations of burn per unit: ~0.1 ms */
+
+static volatile unsigned long sink;
+
+__attribute__((noinline)) void burn(unsigned long n) {
+  unsigned long x = sink;
+  for (unsigned long i = 0; i < n; i++) x = x * 6364136223846793005UL + 1442695040888963407UL;
+  sink = x;
+}
+
+__attribute__((noinline)) void spin_a(void) { burn(3 * UNIT); }
+__attribute__((noinline)) void spin_b(void) { burn(UNIT); }
+
+static long long now_ns(clockid_t c) {
+  struct timespec ts;
+  clock_gettime(c, &ts);
+  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+int main(int argc, char** argv) {
+  double seconds = argc > 1 ? atof(argv[1]) : 4.0;
+  char line[64];
+  printf("ready %d\n", (int)getpid());
+  fflush(stdout);
+  if (!fgets(line, sizeof(line), stdin)) return 1;
+  long long cpu0 = now_ns(CLOCK_PROCESS_CPUTIME_ID);
+  long long end = now_ns(CLOCK_MONOTONIC) + (long long)(seconds * 1e9);
+  while (now_ns(CLOCK_MONOTONIC) < end) {
+    spin_a();
+    spin_b();
+  }
+  printf("done %lld\n", now_ns(CLOCK_PROCESS_CPUTIME_ID) - cpu0);
+  fflush(stdout);
+  while (fgets(line, sizeof(line), stdin)) {
+  }
+  return 0;
+}
