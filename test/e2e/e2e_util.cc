@@ -1,1 +1,301 @@
+#include "test/e2e/e2e_util.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace parascope::testing {
+
+bool RequireRoot() {
+  if (geteuid() == 0) return true;
+  const char* ci = std::getenv("CI");
+  if (ci != nullptr && std::string(ci) == "true") {
+    FAIL("this [root] test needs root (BPF, perf_event_open); CI=true forbids skipping it");
+  }
+  WARN("skipped: needs root (run `sudo make test`)");
+  return false;
+}
+
+Child::Child(const std::vector<std::string>& argv) {
+  int in[2], out[2], err[2];
+  REQUIRE(pipe2(in, O_CLOEXEC) == 0);
+  REQUIRE(pipe2(out, O_CLOEXEC) == 0);
+  REQUIRE(pipe2(err, O_CLOEXEC) == 0);
+  pid_ = fork();
+  REQUIRE(pid_ >= 0);
+  if (pid_ == 0) {
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    dup2(err[1], 2);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  close(err[1]);
+  in_ = in[1];
+  out_ = out[0];
+  err_ = err[0];
+}
+
+Child::~Child() {
+  if (in_ >= 0) close(in_);
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (out_ >= 0) close(out_);
+  if (err_ >= 0) close(err_);
+}
+
+bool Child::ReadLine(int fd, std::string* buf, std::string* transcript, std::string* line,
+                     int timeout_s) {
+  for (;;) {
+    size_t nl = buf->find('\n');
+    if (nl != std::string::npos) {
+      *line = buf->substr(0, nl);
+      buf->erase(0, nl + 1);
+      return true;
+    }
+    pollfd p{fd, POLLIN, 0};
+    int rc = poll(&p, 1, timeout_s * 1000);
+    if (rc <= 0) return false;
+    char chunk[4096];
+    ssize_t n = read(fd, chunk, sizeof(chunk));
+    if (n <= 0) return false;
+    buf->append(chunk, n);
+    transcript->append(chunk, n);
+  }
+}
+
+bool Child::ReadStdoutLine(std::string* line, int timeout_s) {
+  return ReadLine(out_, &out_buf_, &out_text_, line, timeout_s);
+}
+bool Child::ReadStderrLine(std::string* line, int timeout_s) {
+  return ReadLine(err_, &err_buf_, &err_text_, line, timeout_s);
+}
+
+bool Child::WaitForStderr(const std::string& needle, std::string* line, int timeout_s) {
+  while (ReadStderrLine(line, timeout_s)) {
+    if (absl::StrContains(*line, needle)) return true;
+  }
+  return false;
+}
+
+void Child::WriteStdin(const std::string& data) {
+  REQUIRE(write(in_, data.data(), data.size()) == static_cast<ssize_t>(data.size()));
+}
+
+void Child::CloseStdin() {
+  if (in_ >= 0) close(in_);
+  in_ = -1;
+}
+
+int Child::Wait(int timeout_s) {
+  // Drain both pipes until EOF (the child closes them at exit), then reap.
+  pollfd fds[2] = {{out_, POLLIN, 0}, {err_, POLLIN, 0}};
+  int open_fds = 2;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (open_fds > 0 && std::chrono::steady_clock::now() < deadline) {
+    if (poll(fds, 2, 1000) <= 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP))) continue;
+      char chunk[4096];
+      ssize_t n = read(fds[i].fd, chunk, sizeof(chunk));
+      if (n <= 0) {
+        fds[i].fd = -1;
+        --open_fds;
+      } else {
+        (i == 0 ? out_text_ : err_text_).append(chunk, n);
+      }
+    }
+  }
+  int status = 0;
+  if (open_fds > 0) kill(pid_, SIGKILL);
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return status;
+}
+
+int RunCommand(const std::string& command, std::string* out, std::string* err) {
+  std::string errfile = std::filesystem::temp_directory_path() / "ps_cmd_stderr_XXXXXX";
+  int efd = mkstemp(errfile.data());
+  close(efd);
+  FILE* f = popen((command + " 2>" + errfile).c_str(), "r");
+  if (f == nullptr) return -1;
+  char buf[65536];
+  size_t n;
+  out->clear();
+  while ((n = fread(buf, 1, sizeof(buf), f)) > 0) out->append(buf, n);
+  int status = pclose(f);
+  if (err != nullptr) {
+    FILE* e = fopen(errfile.c_str(), "r");
+    while (e && (n = fread(buf, 1, sizeof(buf), e)) > 0) err->append(buf, n);
+    if (e) fclose(e);
+  }
+  unlink(errfile.c_str());
+  return status;
+}
+
+int RawProfile::ValueIndex(const std::string& type) const {
+  for (size_t i = 0; i < sample_types.size(); ++i) {
+    if (sample_types[i] == type || absl::StartsWith(sample_types[i], type + "/")) return i;
+  }
+  return -1;
+}
+
+int64_t RawProfile::Total(int value_index) const {
+  int64_t t = 0;
+  for (const auto& s : samples) t += s.values.at(value_index);
+  return t;
+}
+
+std::vector<std::string> RawProfile::Frames(const Sample& s) const {
+  std::vector<std::string> out;
+  for (uint64_t id : s.location_ids) {
+    auto it = locations.find(id);
+    out.push_back(it == locations.end() ? "" : it->second.function);
+  }
+  return out;
+}
+
+bool RawProfile::IsKernelFrame(uint64_t location_id) const {
+  auto it = locations.find(location_id);
+  if (it == locations.end()) return false;
+  auto m = mapping_files.find(it->second.mapping_id);
+  return m != mapping_files.end() && m->second == "[kernel.kallsyms]";
+}
+
+// pprof -raw layout (github.com/google/pprof/profile/profile.go String()): header lines, then
+// "Samples:", a line of sample types, per sample "  v1 v2: loc loc ..." followed by label
+// lines "key:[value]"; "Locations", lines "  id: 0xaddr M=m fn :line s=start(sysname)" (inlined
+// frames continue on indented lines); "Mappings", lines "  id: 0xstart/0xlimit/0xoffset file
+// buildid [FN]".
+RawProfile ReadWithPprof(const std::string& path) {
+  std::string out, err;
+  int rc = RunCommand(std::string(PS_PPROF_BIN) + " -raw '" + path + "'", &out, &err);
+  INFO("pprof -raw " << path << ": " << err);
+  REQUIRE(rc == 0);
+  RawProfile p;
+  enum { kHeader, kSampleTypes, kSamples, kLocations, kMappings } section = kHeader;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    absl::string_view t = absl::StripAsciiWhitespace(line);
+    if (t.empty()) continue;
+    if (t == "Samples:") { section = kSampleTypes; continue; }
+    if (t == "Locations") { section = kLocations; continue; }
+    if (t == "Mappings") { section = kMappings; continue; }
+    switch (section) {
+      case kHeader:
+        if (absl::ConsumePrefix(&t, "PeriodType: ")) p.period_type = std::string(t);
+        if (absl::ConsumePrefix(&t, "Period: ")) (void)absl::SimpleAtoi(t, &p.period);
+        break;
+      case kSampleTypes:
+        for (absl::string_view st : absl::StrSplit(t, ' ', absl::SkipEmpty())) {
+          p.sample_types.emplace_back(absl::StripSuffix(st, "[dflt]"));
+        }
+        section = kSamples;
+        break;
+      case kSamples: {
+        size_t colon = t.find(':');
+        if (colon == absl::string_view::npos) break;
+        absl::string_view head = t.substr(0, colon);
+        int64_t v0;
+        std::vector<absl::string_view> vals = absl::StrSplit(head, ' ', absl::SkipEmpty());
+        if (!vals.empty() && absl::SimpleAtoi(vals[0], &v0)) {
+          RawProfile::Sample s;
+          for (auto v : vals) {
+            int64_t x = 0;
+            REQUIRE(absl::SimpleAtoi(v, &x));
+            s.values.push_back(x);
+          }
+          for (auto id : absl::StrSplit(t.substr(colon + 1), ' ', absl::SkipEmpty())) {
+            uint64_t x = 0;
+            REQUIRE(absl::SimpleAtoi(id, &x));
+            s.location_ids.push_back(x);
+          }
+          p.samples.push_back(std::move(s));
+        } else if (!p.samples.empty()) {  // label line "key:[value]"
+          std::string value(t.substr(colon + 1));
+          if (value.size() >= 2 && value.front() == '[' && value.back() == ']') {
+            value = value.substr(1, value.size() - 2);
+          }
+          p.samples.back().labels[std::string(head)] = value;
+        }
+        break;
+      }
+      case kLocations: {
+        size_t colon = t.find(": 0x");
+        uint64_t id = 0;
+        if (colon == absl::string_view::npos || !absl::SimpleAtoi(t.substr(0, colon), &id)) break;
+        absl::string_view rest = t.substr(colon + 2);
+        size_t sp = rest.find(' ');
+        rest = sp == absl::string_view::npos ? absl::string_view() : rest.substr(sp + 1);
+        RawProfile::Location loc;
+        if (absl::ConsumePrefix(&rest, "M=")) {
+          size_t e = rest.find(' ');
+          (void)absl::SimpleAtoi(rest.substr(0, e), &loc.mapping_id);
+          rest = e == absl::string_view::npos ? absl::string_view() : rest.substr(e + 1);
+        }
+        size_t fn_end = rest.rfind(" :");
+        if (fn_end != absl::string_view::npos) loc.function = std::string(rest.substr(0, fn_end));
+        p.locations[id] = loc;
+        break;
+      }
+      case kMappings: {
+        size_t colon = t.find(": 0x");
+        uint64_t id = 0;
+        if (colon == absl::string_view::npos || !absl::SimpleAtoi(t.substr(0, colon), &id)) break;
+        std::vector<absl::string_view> parts =
+            absl::StrSplit(t.substr(colon + 2), ' ', absl::SkipEmpty());
+        if (parts.size() >= 2) p.mapping_files[id] = std::string(parts[1]);
+        break;
+      }
+    }
+  }
+  return p;
+}
+
+std::vector<std::string> ProfileFiles(const std::string& dir, int pid, const std::string& prefix) {
+  std::vector<std::string> out;
+  namespace fs = std::filesystem;
+  if (!fs::exists(dir)) return out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::string name = e.path().filename();
+    if (!absl::StartsWith(name, prefix) || !absl::EndsWith(name, ".pb.gz")) continue;
+    if (pid != 0 && e.path().parent_path().filename() != std::to_string(pid)) continue;
+    out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TempDir::TempDir() {
+  std::string tmpl = std::filesystem::temp_directory_path() / "parascope_test_XXXXXX";
+  REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+}  // namespace parascope::testing

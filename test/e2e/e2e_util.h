@@ -1,0 +1,96 @@
+// Helpers for root end-to-end tests: child processes with pipes, the real pprof tool's -raw
+// output parsed into samples, and the root gate ([root] tests fail instead of skipping in CI).
+#pragma once
+
+#include <sys/resource.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace parascope::testing {
+
+// True when running as root. Otherwise: in CI (CI=true) a Catch2 FAIL, elsewhere a WARN and
+// false, so the caller returns (Catch2 v2 has no SKIP).
+bool RequireRoot();
+
+// A child process with its stdin, stdout and stderr on pipes.
+class Child {
+ public:
+  // fork + execv(argv[0], argv). Aborts the test on failure.
+  explicit Child(const std::vector<std::string>& argv);
+  ~Child();  // closes pipes, SIGKILLs and reaps the child if still running
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Reads one line (without '\n') from stdout or stderr, waiting at most timeout_s. Returns
+  // false on EOF or timeout; every byte read is also appended to the transcript.
+  bool ReadStdoutLine(std::string* line, int timeout_s = 60);
+  bool ReadStderrLine(std::string* line, int timeout_s = 60);
+  // Reads stderr lines until one contains `needle`; false on EOF/timeout.
+  bool WaitForStderr(const std::string& needle, std::string* line, int timeout_s = 60);
+  void WriteStdin(const std::string& data);
+  void CloseStdin();
+  // Waits for exit (at most timeout_s, then SIGKILL) and returns the exit status as from
+  // waitpid; collects the rest of stdout/stderr into the transcripts.
+  int Wait(int timeout_s = 120);
+  const std::string& stdout_text() const { return out_text_; }
+  const std::string& stderr_text() const { return err_text_; }
+
+ private:
+  bool ReadLine(int fd, std::string* buf, std::string* transcript, std::string* line,
+                int timeout_s);
+  pid_t pid_ = -1;
+  int in_ = -1, out_ = -1, err_ = -1;
+  std::string out_buf_, err_buf_, out_text_, err_text_;
+};
+
+// Runs a shell command, returning its exit status and stdout (stderr is appended to *err).
+int RunCommand(const std::string& command, std::string* out, std::string* err = nullptr);
+
+// One profile as the real pprof tool prints it with -raw.
+struct RawProfile {
+  struct Sample {
+    std::vector<int64_t> values;
+    std::vector<uint64_t> location_ids;  // leaf first
+    std::map<std::string, std::string> labels;
+  };
+  struct Location {
+    uint64_t mapping_id = 0;
+    std::string function;  // innermost function name, "" if unsymbolized
+  };
+  std::vector<std::string> sample_types;  // e.g. "samples/count", "cpu/nanoseconds"
+  std::string period_type;
+  int64_t period = 0;
+  std::vector<Sample> samples;
+  std::map<uint64_t, Location> locations;
+  std::map<uint64_t, std::string> mapping_files;
+
+  int ValueIndex(const std::string& type) const;
+  int64_t Total(int value_index) const;
+  // Function names of a sample's frames, leaf first ("" for unsymbolized frames).
+  std::vector<std::string> Frames(const Sample& s) const;
+  bool IsKernelFrame(uint64_t location_id) const;
+};
+
+// Runs `pprof -raw FILE` (PS_PPROF_BIN) and parses it. Test failure if pprof fails.
+RawProfile ReadWithPprof(const std::string& path);
+
+// Files under dir matching "<dir>/<pid>/<prefix>*.pb.gz" (pid 0 = any).
+std::vector<std::string> ProfileFiles(const std::string& dir, int pid, const std::string& prefix);
+
+// A fresh temporary directory, removed by the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace parascope::testing
