@@ -1,7 +1,9 @@
 #include "agent/bpf/probe.h"
 
 #include <bpf/libbpf.h>
+#include <linux/capability.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,6 +12,18 @@
 #include "absl/strings/str_cat.h"
 
 namespace parascope {
+namespace {
+
+// Effective capability check through capget(2) (include/uapi/linux/capability.h, v3: two
+// 32-bit words). CAP_PERFMON (38) and CAP_BPF (39) exist since Linux 5.8.
+bool HasEffectiveCapability(int cap) {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  if (syscall(SYS_capget, &hdr, data) != 0) return false;
+  return (data[cap / 32].effective >> (cap % 32)) & 1;
+}
+
+}  // namespace
 
 absl::Status ProbeBpfEnvironment() {
   struct stat st;
@@ -18,6 +32,14 @@ absl::Status ProbeBpfEnvironment() {
         "kernel BTF not found at /sys/kernel/btf/vmlinux: parascope's CO-RE BPF programs need a "
         "kernel built with CONFIG_DEBUG_INFO_BTF=y (Linux 5.8+; default on Debian 11+, Ubuntu "
         "20.10+, RHEL 8.2+)");
+  }
+  constexpr int kCapPerfmon = 38, kCapBpf = 39;
+  if (!HasEffectiveCapability(CAP_SYS_ADMIN) &&
+      !(HasEffectiveCapability(kCapBpf) && HasEffectiveCapability(kCapPerfmon))) {
+    return absl::PermissionDeniedError(
+        "missing privileges: run parascope as root, or grant CAP_BPF and CAP_PERFMON (plus "
+        "CAP_SYS_PTRACE to read other processes' maps and CAP_SYSLOG for kernel symbols; "
+        "CAP_SYS_ADMIN before Linux 5.8)");
   }
   int rc = libbpf_probe_bpf_prog_type(BPF_PROG_TYPE_PERF_EVENT, nullptr);
   if (rc == 1) return absl::OkStatus();

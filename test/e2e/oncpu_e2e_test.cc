@@ -42,6 +42,18 @@ TEST_CASE("cli: an invalid flag value exits 2 naming the flag", "[cli]") {
   }
 }
 
+TEST_CASE("cli: without privileges the agent exits 1 saying what to grant", "[root][cli]") {
+  if (!RequireRoot()) return;
+  // Drop to nobody with no capabilities (util-linux setpriv).
+  Child agent({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+               "--inh-caps=-all", "--bounding-set=-all", PS_AGENT_BIN, "--duration=1s"});
+  int status = agent.Wait(30);
+  INFO(agent.stderr_text());
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK(absl::StrContains(agent.stderr_text(), "run parascope as root, or grant CAP_BPF and CAP_PERFMON"));
+}
+
 TEST_CASE("e2e: 3:1 CPU workload gives 0.75/0.25 shares and its exact CPU total",
           "[root][e2e]") {
   if (!RequireRoot()) return;

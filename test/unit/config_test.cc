@@ -1,1 +1,98 @@
 #include <catch2/catch.hpp>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/match.h"
+#include "agent/bpf/perf_event.h"
+#include "agent/collect/window_clock.h"
+#include "agent/config/config.h"
+#include "agent/config/flags.h"
+
+ABSL_FLAG(int32_t, ps_test_frequency, 19, "test flag");
+ABSL_FLAG(absl::Duration, ps_test_interval, absl::Seconds(15), "test flag");
+ABSL_FLAG(bool, ps_test_switch, false, "test flag");
+
+namespace parascope {
+namespace {
+
+absl::Status Parse(std::vector<std::string> args, std::vector<std::string>* positional = nullptr) {
+  std::vector<char*> argv;
+  args.insert(args.begin(), "parascope");
+  for (auto& a : args) argv.push_back(a.data());
+  std::vector<std::string> pos;
+  bool help = false;
+  return ParseFlags(argv.size(), argv.data(), positional ? positional : &pos, &help);
+}
+
+}  // namespace
+
+TEST_CASE("ParseFlags accepts SPEC's dashed names and Abseil types", "[config]") {
+  REQUIRE(Parse({"--ps-test-frequency=499", "--ps_test_interval", "2s", "--ps-test-switch"}).ok());
+  CHECK(absl::GetFlag(FLAGS_ps_test_frequency) == 499);
+  CHECK(absl::GetFlag(FLAGS_ps_test_interval) == absl::Seconds(2));
+  CHECK(absl::GetFlag(FLAGS_ps_test_switch));
+  REQUIRE(Parse({"--nops-test-switch"}).ok());
+  CHECK(!absl::GetFlag(FLAGS_ps_test_switch));
+  std::vector<std::string> pos;
+  REQUIRE(Parse({"extra", "--", "--ps-test-frequency=1"}, &pos).ok());
+  CHECK(pos == std::vector<std::string>{"extra", "--ps-test-frequency=1"});
+  CHECK(absl::GetFlag(FLAGS_ps_test_frequency) == 499);
+}
+
+TEST_CASE("ParseFlags errors name the flag as spelled", "[config]") {
+  absl::Status s = Parse({"--ps-test-frequency=abc"});
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StartsWith(s.message(), "--ps-test-frequency:"));
+  s = Parse({"--ps-test-interval=soon"});
+  CHECK(absl::StartsWith(s.message(), "--ps-test-interval:"));
+  s = Parse({"--bogus=1"});
+  CHECK(s.message() == "--bogus: unknown flag");
+  s = Parse({"--ps-test-frequency"});
+  CHECK(s.message() == "--ps-test-frequency: missing value");
+}
+
+TEST_CASE("Config::Validate checks ranges and names the flag", "[config]") {
+  Config c;
+  CHECK(c.Validate().ok());
+  c.sampling_frequency_hz = 0;
+  CHECK(absl::StartsWith(c.Validate().message(), "--sampling-frequency:"));
+  c = Config();
+  c.collect_interval = absl::Milliseconds(10);
+  CHECK(absl::StartsWith(c.Validate().message(), "--collect-interval:"));
+  c = Config();
+  c.duration = -absl::Seconds(1);
+  CHECK(absl::StartsWith(c.Validate().message(), "--duration:"));
+}
+
+TEST_CASE("ParsePidList", "[config]") {
+  CHECK(*ParsePidList("") == std::vector<uint32_t>{});
+  CHECK(*ParsePidList("1,23,456") == std::vector<uint32_t>{1, 23, 456});
+  CHECK(!ParsePidList("1,,2").ok());
+  CHECK(!ParsePidList("0").ok());
+  CHECK(!ParsePidList("12x").ok());
+  CHECK(!ParsePidList("-3").ok());
+}
+
+TEST_CASE("ParseCpuList reads kernel CPU lists", "[config]") {
+  CHECK(*ParseCpuList("0-3,8,10-11\n") == std::vector<int>{0, 1, 2, 3, 8, 10, 11});
+  CHECK(*ParseCpuList("0") == std::vector<int>{0});
+  CHECK(!ParseCpuList("3-1").ok());
+  CHECK(!ParseCpuList("a").ok());
+}
+
+TEST_CASE("WindowSchedule keeps a drift-free grid and cuts the last window", "[collect]") {
+  const int64_t s = 1000;
+  WindowSchedule w(0, s, 2500);
+  CHECK(w.boundary_ns() == 1000);
+  CHECK(!w.final());
+  w.Advance(1003);  // drained a little late: next boundary stays on the grid
+  CHECK(w.boundary_ns() == 2000);
+  w.Advance(2001);
+  CHECK(w.boundary_ns() == 2500);
+  CHECK(w.final());
+  WindowSchedule slow(0, s, 0);
+  slow.Advance(3500);  // fell behind by more than a window: skip passed boundaries
+  CHECK(slow.boundary_ns() == 4000);
+  CHECK(!slow.final());
+}
+
+}  // namespace parascope

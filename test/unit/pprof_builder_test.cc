@@ -1,1 +1,118 @@
+#include "agent/profile/pprof_builder.h"
+
 #include <catch2/catch.hpp>
+
+namespace parascope {
+namespace {
+
+using perftools::profiles::Profile;
+
+const std::string& Str(const Profile& p, int64_t i) { return p.string_table(i); }
+
+Profile BuildExample() {
+  PprofBuilder b({{"samples", "count"}, {"cpu", "nanoseconds"}}, {"cpu", "nanoseconds"}, 52631579);
+  uint64_t m = b.AddMapping({0x1000, 0x2000, 0x0, "/bin/app", "abcd", true});
+  CHECK(b.AddMapping({0x1000, 0x2000, 0x0, "/bin/app", "abcd", true}) == m);  // dedup
+  uint64_t f1 = b.AddFunction({"ns::Foo(int)", "_ZN2ns3FooEi", ""});
+  uint64_t f2 = b.AddFunction({"main", "main", ""});
+  CHECK(b.AddFunction({"main", "main", ""}) == f2);
+  uint64_t l1 = b.AddLocation(m, 0x1100, {f1});
+  uint64_t l2 = b.AddLocation(m, 0x1200, {f2});
+  CHECK(b.AddLocation(m, 0x1100, {f1}) == l1);
+  uint64_t unk = b.AddSyntheticLocation("[unknown]");
+  LabelSpec labels[] = {LabelSpec::Str("thread_name", "worker"), LabelSpec::Num("tid", 42)};
+  uint64_t stack[] = {l1, l2};
+  int64_t v1[] = {1, 100}, v2[] = {2, 250}, v3[] = {5, 7};
+  b.AddSample(stack, v1, labels);
+  b.AddSample(stack, v2, labels);  // merged with the first
+  uint64_t other[] = {unk};
+  b.AddSample(other, v3, {});
+  CHECK(b.sample_count() == 2);
+  CHECK(b.ValueSum(1) == 357);
+  b.AddComment("event=cpu-clock");
+  return std::move(b).Build(1700000000000000000, 15000000000);
+}
+
+}  // namespace
+
+TEST_CASE("PprofBuilder interns, dedups and merges", "[profile]") {
+  Profile p = BuildExample();
+  REQUIRE(p.string_table_size() > 0);
+  CHECK(p.string_table(0).empty());
+  REQUIRE(p.sample_type_size() == 2);
+  CHECK(Str(p, p.sample_type(0).type()) == "samples");
+  CHECK(Str(p, p.sample_type(0).unit()) == "count");
+  CHECK(Str(p, p.sample_type(1).type()) == "cpu");
+  CHECK(Str(p, p.sample_type(1).unit()) == "nanoseconds");
+  CHECK(Str(p, p.period_type().type()) == "cpu");
+  CHECK(p.period() == 52631579);
+  CHECK(p.time_nanos() == 1700000000000000000);
+  CHECK(p.duration_nanos() == 15000000000);
+  REQUIRE(p.comment_size() == 1);
+  CHECK(Str(p, p.comment(0)) == "event=cpu-clock");
+
+  REQUIRE(p.mapping_size() == 1);
+  CHECK(p.mapping(0).id() == 1);
+  CHECK(p.mapping(0).memory_start() == 0x1000);
+  CHECK(p.mapping(0).memory_limit() == 0x2000);
+  CHECK(Str(p, p.mapping(0).filename()) == "/bin/app");
+  CHECK(Str(p, p.mapping(0).build_id()) == "abcd");
+  CHECK(p.mapping(0).has_functions());
+
+  REQUIRE(p.function_size() == 3);
+  for (int i = 0; i < p.function_size(); ++i) CHECK(p.function(i).id() == uint64_t(i + 1));
+  CHECK(Str(p, p.function(0).name()) == "ns::Foo(int)");
+  CHECK(Str(p, p.function(0).system_name()) == "_ZN2ns3FooEi");
+  CHECK(Str(p, p.function(2).name()) == "[unknown]");
+
+  REQUIRE(p.location_size() == 3);
+  CHECK(p.location(0).id() == 1);
+  CHECK(p.location(0).mapping_id() == 1);
+  CHECK(p.location(0).address() == 0x1100);
+  REQUIRE(p.location(0).line_size() == 1);
+  CHECK(p.location(0).line(0).function_id() == 1);
+  CHECK(p.location(2).mapping_id() == 0);
+
+  REQUIRE(p.sample_size() == 2);
+  const auto& s = p.sample(0);
+  CHECK(std::vector<uint64_t>(s.location_id().begin(), s.location_id().end()) ==
+        std::vector<uint64_t>{1, 2});
+  CHECK(std::vector<int64_t>(s.value().begin(), s.value().end()) == std::vector<int64_t>{3, 350});
+  REQUIRE(s.label_size() == 2);
+  CHECK(Str(p, s.label(0).key()) == "thread_name");
+  CHECK(Str(p, s.label(0).str()) == "worker");
+  CHECK(Str(p, s.label(1).key()) == "tid");
+  CHECK(s.label(1).num() == 42);
+  CHECK(s.label(1).str() == 0);
+  CHECK(p.sample(1).label_size() == 0);
+}
+
+TEST_CASE("pprof gzip round trip is byte-exact", "[profile]") {
+  Profile p = BuildExample();
+  std::string raw;
+  REQUIRE(p.SerializeToString(&raw));
+  auto gz = SerializeGzip(p);
+  REQUIRE(gz.ok());
+  REQUIRE(gz->size() > 2);
+  CHECK(static_cast<unsigned char>((*gz)[0]) == 0x1f);
+  CHECK(static_cast<unsigned char>((*gz)[1]) == 0x8b);
+  auto back = ParseMaybeGzip(*gz);
+  REQUIRE(back.ok());
+  std::string raw2;
+  REQUIRE(back->SerializeToString(&raw2));
+  CHECK(raw2 == raw);
+  auto plain = ParseMaybeGzip(raw);
+  REQUIRE(plain.ok());
+  CHECK(plain->sample_size() == 2);
+}
+
+TEST_CASE("ParseMaybeGzip rejects corrupt input", "[profile]") {
+  auto gz = SerializeGzip(BuildExample());
+  REQUIRE(gz.ok());
+  std::string truncated = gz->substr(0, gz->size() / 2);
+  CHECK(ParseMaybeGzip(truncated).status().code() == absl::StatusCode::kInvalidArgument);
+  std::string garbage = "\x1f\x8b garbage";
+  CHECK(!ParseMaybeGzip(garbage).ok());
+}
+
+}  // namespace parascope
