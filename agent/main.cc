@@ -18,6 +18,10 @@ ABSL_FLAG(absl::Duration, collect_interval, absl::Seconds(15),
 ABSL_FLAG(absl::Duration, duration, absl::ZeroDuration(),
           "stop after this long, flushing the last partial window (0: until SIGINT/SIGTERM)");
 ABSL_FLAG(std::string, pid, "", "profile only these processes, e.g. 123,456 (default: all)");
+ABSL_FLAG(std::string, profiles, "cpu,off_cpu,wall,latency",
+          "profile types to build: cpu, off_cpu, wall, latency (comma-separated)");
+ABSL_FLAG(absl::Duration, off_cpu_min_duration, absl::ZeroDuration(),
+          "ignore off-CPU intervals shorter than this");
 ABSL_FLAG(std::string, output_dir, "",
           "write DIR/<pid>/<profile>-<t0 unix ms>.pb.gz (gzip pprof) each window");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
@@ -61,6 +65,10 @@ int main(int argc, char** argv) {
   auto pids = parascope::ParsePidList(absl::GetFlag(FLAGS_pid));
   if (!pids.ok()) return UsageError("--pid: " + std::string(pids.status().message()));
   config.pids = *pids;
+  auto profiles = parascope::ParseProfileTypes(absl::GetFlag(FLAGS_profiles));
+  if (!profiles.ok()) return UsageError("--profiles: " + std::string(profiles.status().message()));
+  config.profiles = *profiles;
+  config.off_cpu_min_duration = absl::GetFlag(FLAGS_off_cpu_min_duration);
   config.output_dir = absl::GetFlag(FLAGS_output_dir);
   if (!parascope::ParseLogLevel(absl::GetFlag(FLAGS_log_level), &config.log_level)) {
     return UsageError("--log-level: expected debug, info, warning or error, got '" +

@@ -53,8 +53,14 @@ struct ps_oncpu_key {
   __u64 kernel_stack;    /* ps_stacks<N> key, 0 = none */
   __s32 user_stack_err;  /* 0, or -errno when the user stack was lost */
   __s32 kernel_stack_err;
+  __u32 parallelism;     /* threads of tgid on a CPU at the sample instant (>= 1) */
+  __u32 flags;           /* PS_SAMPLE_* */
 };
-PS_STATIC_ASSERT(sizeof(struct ps_oncpu_key) == 40, "ps_oncpu_key layout");
+PS_STATIC_ASSERT(sizeof(struct ps_oncpu_key) == 48, "ps_oncpu_key layout");
+
+/* ps_oncpu_key.flags: parallelism could be wrong, because when the sample was taken some CPU had
+ * not been seen switching or sampling since attach (its task's process was not counted). */
+#define PS_SAMPLE_PARALLELISM_UNKNOWN 1
 
 /* Value of the on-CPU aggregation hash. */
 struct ps_oncpu_value {
@@ -63,6 +69,95 @@ struct ps_oncpu_value {
   char comm[PS_TASK_COMM_LEN]; /* thread name at the first sample */
 };
 PS_STATIC_ASSERT(sizeof(struct ps_oncpu_value) == 32, "ps_oncpu_value layout");
+
+/* Thread states of the off-CPU and wall profiles (SPEC section 2). */
+#define PS_STATE_RUNNING 0          /* on a CPU (wall profile only) */
+#define PS_STATE_RUNNABLE 1         /* preempted, still TASK_RUNNING: run-queue delay */
+#define PS_STATE_SLEEPING 2         /* TASK_INTERRUPTIBLE (and other voluntary waits) */
+#define PS_STATE_UNINTERRUPTIBLE 3  /* TASK_UNINTERRUPTIBLE, e.g. disk I/O */
+
+/* Control block shared by every program (ps_control, array of 1), written by the daemon at each
+ * window boundary: the buffer to fill and the window start on CLOCK_MONOTONIC
+ * (bpf_ktime_get_ns). */
+struct ps_control {
+  __u32 active_buffer;       /* 0 or 1 */
+  __u32 pad;
+  __u64 window_start_ns;     /* ktime of the current window's start */
+  __s64 unknown_cpus;        /* online CPUs not yet seen by a switch or a sample since attach */
+};
+PS_STATIC_ASSERT(sizeof(struct ps_control) == 24, "ps_control layout");
+
+/* Per-thread switch-out state (ps_threads hash, key = tid). An off-CPU interval is accounted by
+ * BPF at switch-in from max(out_ns, window start); the part before the window start is left to
+ * the daemon: for an interval still running at a boundary it reads out_ns, and for one that ended
+ * after the boundary but before the daemon looked, BPF copied it to the carry_* fields first. */
+struct ps_thread_state {
+  __u64 out_ns;             /* ktime at switch-out; 0 while the thread is on a CPU */
+  __u64 tgid_start_ns;
+  __u64 user_stack;         /* ps_stacks<N> key at switch-out (0 = none) */
+  __u64 kernel_stack;
+  __s32 user_stack_err;
+  __s32 kernel_stack_err;
+  __u32 tgid;
+  __u32 state;              /* PS_STATE_* at switch-out */
+  /* The interval that crossed window start carry_ws_ns, copied at its switch-in. */
+  __u64 carry_ws_ns;
+  __u64 carry_out_ns;
+  __u64 carry_user_stack;
+  __u64 carry_kernel_stack;
+  __s32 carry_user_stack_err;
+  __s32 carry_kernel_stack_err;
+  __u32 carry_state;
+  __u32 carry_min_ok;       /* the whole interval was >= the minimum off-CPU duration */
+  char comm[PS_TASK_COMM_LEN];
+};
+PS_STATIC_ASSERT(sizeof(struct ps_thread_state) == 112, "ps_thread_state layout");
+
+/* Key of the off-CPU aggregate (ps_offcpu<N>): time a thread spent off-CPU with one stack and
+ * state. Stack fields as in ps_oncpu_key. */
+struct ps_offcpu_key {
+  __u32 tgid;
+  __u32 tid;
+  __u64 tgid_start_ns;
+  __u64 user_stack;
+  __u64 kernel_stack;
+  __s32 user_stack_err;
+  __s32 kernel_stack_err;
+  __u32 state;  /* PS_STATE_RUNNABLE, _SLEEPING or _UNINTERRUPTIBLE */
+  __u32 pad;
+};
+PS_STATIC_ASSERT(sizeof(struct ps_offcpu_key) == 48, "ps_offcpu_key layout");
+
+struct ps_offcpu_value {
+  __u64 ns;     /* off-CPU nanoseconds */
+  __u64 count;  /* intervals (or interval parts) */
+  char comm[PS_TASK_COMM_LEN];
+};
+PS_STATIC_ASSERT(sizeof(struct ps_offcpu_value) == 32, "ps_offcpu_value layout");
+
+/* Per-CPU scheduler view (ps_cpu_state, per-CPU array of 1): the task on this CPU and, for the
+ * exact on-CPU time per process, since when. Same carry scheme as ps_thread_state. */
+struct ps_cpu_state {
+  __u32 tid;          /* task on this CPU, 0 = idle */
+  __u32 tgid;
+  __u64 tgid_start_ns;
+  __u64 in_ns;        /* ktime it was switched in (or first seen) */
+  __u64 known;        /* 1 once this CPU's current task is known (64-bit for atomic xchg) */
+  __u32 counted;      /* 1 when the task is counted in ps_running */
+  __u32 carry_tgid;
+  __u64 carry_ws_ns;
+  __u64 carry_in_ns;
+  __u64 carry_tgid_start_ns;
+};
+PS_STATIC_ASSERT(sizeof(struct ps_cpu_state) == 64, "ps_cpu_state layout");
+
+/* Key of the exact on-CPU time per process and window (ps_runtime<N>, value __u64 ns). */
+struct ps_runtime_key {
+  __u32 tgid;
+  __u32 pad;
+  __u64 tgid_start_ns;
+};
+PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 
 /* Per-CPU failure and activity counters (index into the ps_counters per-CPU array). The daemon
  * sums them over CPUs and exports them; names mirror SPEC section 7. */
@@ -73,7 +168,13 @@ PS_STATIC_ASSERT(sizeof(struct ps_oncpu_value) == 32, "ps_oncpu_value layout");
 #define PS_CTR_KERNEL_STACK_FAULT 4     /* bpf_get_stack(kernel) failed */
 #define PS_CTR_STACK_MAP_FULL 5         /* ps_stacks<N> insert failed: stack replaced by error */
 #define PS_CTR_AGG_MAP_FULL 6           /* ps_oncpu<N> insert failed: sample lost */
-#define PS_CTR_NUM 7
+#define PS_CTR_SWITCHES 7               /* sched_switch events */
+#define PS_CTR_THREAD_MAP_FULL 8        /* ps_threads insert failed: an off-CPU interval lost */
+#define PS_CTR_OFFCPU_MAP_FULL 9        /* ps_offcpu<N> insert failed */
+#define PS_CTR_RUNNING_MAP_FULL 10      /* ps_running insert failed: parallelism undercounted */
+#define PS_CTR_RUNTIME_MAP_FULL 11      /* ps_runtime<N> insert failed */
+#define PS_CTR_SAMPLES_PARALLELISM_UNKNOWN 12 /* samples flagged PS_SAMPLE_PARALLELISM_UNKNOWN */
+#define PS_CTR_NUM 13
 
 /* Default capacities; the daemon sizes ps_stacks<N> and ps_oncpu<N> before load from the CPU count,
  * frequency and window (agent/bpf/oncpu_program.cc). Entries are preallocated (perf_event programs
@@ -81,5 +182,9 @@ PS_STATIC_ASSERT(sizeof(struct ps_oncpu_value) == 32, "ps_oncpu_value layout");
 #define PS_STACK_MAP_ENTRIES 4096
 #define PS_ONCPU_MAP_ENTRIES 4096
 #define PS_PID_FILTER_ENTRIES 1024
+#define PS_THREAD_MAP_ENTRIES 65536  /* threads tracked off-CPU at once (not preallocated) */
+#define PS_RUNNING_ENTRIES 32768     /* processes with a parallelism count */
+#define PS_OFFCPU_MAP_ENTRIES 16384
+#define PS_RUNTIME_MAP_ENTRIES 8192
 
 #endif /* PARASCOPE_BPF_ABI_H_ */

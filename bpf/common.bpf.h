@@ -1,13 +1,26 @@
-/* BPF-only helpers shared by the parascope programs. */
+/* BPF-only definitions shared by the parascope programs. The maps below exist in every object
+ * that includes this header; the daemon loads oncpu.bpf.o first and makes the other objects
+ * reuse its map fds (bpf_map__reuse_fd), so all programs see one instance of each. */
 #ifndef PARASCOPE_BPF_COMMON_BPF_H_
 #define PARASCOPE_BPF_COMMON_BPF_H_
 
 #include "abi.h"
 
 /* errno values (include/uapi/asm-generic/errno-base.h, errno.h); vmlinux.h has no macros. */
+#define ENOENT 2
+#define ENOMEM 12
 #define EFAULT 14
 #define EEXIST 17
-#define ENOMEM 12
+
+/* Task states (include/linux/sched.h). */
+#define PS_TASK_RUNNING 0x0000
+#define PS_TASK_INTERRUPTIBLE 0x0001
+#define PS_TASK_UNINTERRUPTIBLE 0x0002
+#define PS_TASK_DEAD 0x0080
+#define PS_TASK_NOLOAD 0x0400
+
+/* Set by the daemon before load (rodata): 1 to record only tgids present in ps_pid_filter. */
+const volatile __u32 ps_cfg_filter_tgid = 0;
 
 /* Per-CPU failure/activity counters indexed by PS_CTR_* (abi.h); summed by the daemon. */
 struct {
@@ -17,10 +30,132 @@ struct {
   __type(value, __u64);
 } ps_counters SEC(".maps");
 
+/* mmap'ed by the daemon, which writes single fields (BPF decrements unknown_cpus concurrently). */
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, 1);
+  __uint(map_flags, BPF_F_MMAPABLE);
+  __type(key, __u32);
+  __type(value, struct ps_control);
+} ps_control SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, PS_PID_FILTER_ENTRIES);
+  __type(key, __u32);   /* tgid */
+  __type(value, __u8);  /* unused */
+} ps_pid_filter SEC(".maps");
+
+/* Stacks by ps_stack_hash(), one map per buffer; written by the on-CPU sampler and by
+ * sched_switch (off-CPU stacks at switch-out). */
+struct ps_stack_map {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, PS_STACK_MAP_ENTRIES); /* resized by the daemon before load */
+  __type(key, __u64);
+  __type(value, struct ps_stack);
+};
+struct ps_stack_map ps_stacks0 SEC(".maps");
+struct ps_stack_map ps_stacks1 SEC(".maps");
+PS_STATIC_ASSERT(PS_NUM_BUFFERS == 2, "one map set per buffer");
+
+/* Parallelism: threads of each tgid currently on a CPU. */
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, PS_RUNNING_ENTRIES);
+  __type(key, __u32);   /* tgid */
+  __type(value, __s64); /* running threads */
+} ps_running SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct ps_cpu_state);
+} ps_cpu_state SEC(".maps");
+
 static __always_inline void ps_count(__u32 idx) {
   __u64 *c = bpf_map_lookup_elem(&ps_counters, &idx);
   if (c)
     __sync_fetch_and_add(c, 1); /* atomic: an NMI-driven sample may nest in another program */
+}
+
+static __always_inline struct ps_control *ps_get_control(void) {
+  __u32 zero = 0;
+  return bpf_map_lookup_elem(&ps_control, &zero);
+}
+
+static __always_inline int ps_tgid_tracked(__u32 tgid) {
+  return !ps_cfg_filter_tgid || bpf_map_lookup_elem(&ps_pid_filter, &tgid) != 0;
+}
+
+/* Adds delta to the running-thread count of tgid, creating the entry at 0 if needed. */
+static __always_inline void ps_running_add(__u32 tgid, __s64 delta) {
+  __s64 *n = bpf_map_lookup_elem(&ps_running, &tgid);
+  if (!n) {
+    __s64 zero = 0;
+    long err = bpf_map_update_elem(&ps_running, &tgid, &zero, BPF_NOEXIST);
+    if (err && err != -EEXIST) {
+      ps_count(PS_CTR_RUNNING_MAP_FULL);
+      return;
+    }
+    n = bpf_map_lookup_elem(&ps_running, &tgid);
+    if (!n)
+      return;
+  }
+  __sync_fetch_and_add(n, delta);
+}
+
+/* 64-bit FNV-1a style hash of the first `len` frames, never 0 (0 means "no stack"). Different
+ * stacks collide with probability ~2^-64 per pair, unlike BPF_MAP_TYPE_STACK_TRACE whose bucket
+ * collisions (-EEXIST) lose a sizable share of stacks once the map is a few percent full. */
+static __always_inline __u64 ps_stack_hash(const struct ps_stack *st, __u64 seed) {
+  __u64 h = 0xcbf29ce484222325ULL ^ seed;
+  for (__u32 i = 0; i < PS_MAX_STACK_DEPTH; i++) {
+    if (i >= st->len)
+      break;
+    h ^= st->ips[i];
+    h *= 0x100000001b3ULL;
+    h ^= h >> 29;
+  }
+  return h ? h : 1;
+}
+
+/* Copies the current task's user (flags = BPF_F_USER_STACK) or kernel (flags = 0) stack via the
+ * per-CPU `scratch` into `stacks`. Returns its hash, or 0 with *err = -errno (0 when the stack
+ * is legitimately empty: a kernel thread's user stack, a sample taken in user mode). */
+static __always_inline __u64 ps_capture_stack(void *ctx, void *scratch, void *stacks, __u64 flags,
+                                              __s32 *err) {
+  __u32 zero = 0;
+  struct ps_stack *st = bpf_map_lookup_elem(scratch, &zero);
+  *err = 0;
+  if (!st)
+    return 0;
+  long n = bpf_get_stack(ctx, st->ips, sizeof(st->ips), flags);
+  if (n <= 0) {
+    *err = (__s32)n;
+    return 0;
+  }
+  st->len = (__u32)n / sizeof(__u64);
+  __u64 h = ps_stack_hash(st, flags);
+  long rc = bpf_map_update_elem(stacks, &h, st, BPF_NOEXIST);
+  if (rc && rc != -EEXIST) {
+    ps_count(PS_CTR_STACK_MAP_FULL);
+    *err = (__s32)rc;
+    return 0;
+  }
+  return h;
+}
+
+/* Marks this CPU's current task as known on first sight after attach (the daemon starts with
+ * ps_control.unknown_cpus = online CPUs). Called by the sampler with the interrupted task, and
+ * by sched_switch before it handles prev. Returns 1 when the CPU was unknown until now. */
+static __always_inline int ps_cpu_first_seen(struct ps_cpu_state *cs, struct ps_control *ctl) {
+  if (cs->known)
+    return 0;
+  if (__sync_lock_test_and_set(&cs->known, 1))
+    return 0;
+  __sync_fetch_and_add(&ctl->unknown_cpus, -1);
+  return 1;
 }
 
 #endif /* PARASCOPE_BPF_COMMON_BPF_H_ */

@@ -22,6 +22,11 @@ absl::Status Config::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("--duration: must not be negative, got ", absl::FormatDuration(duration)));
   }
+  if (off_cpu_min_duration < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--off-cpu-min-duration: must not be negative, got ",
+        absl::FormatDuration(off_cpu_min_duration)));
+  }
   if (pids.size() > PS_PID_FILTER_ENTRIES) {
     return absl::InvalidArgumentError(absl::StrCat("--pid: at most ", PS_PID_FILTER_ENTRIES,
                                                    " pids, got ", pids.size()));

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "agent/profile/profile_set.h"
 #include "agent/util/log.h"
 
 namespace parascope {
@@ -21,6 +22,10 @@ struct Config {
   absl::Duration duration = absl::ZeroDuration();
   // Profile only these tgids (all their threads); empty = every process.
   std::vector<uint32_t> pids;
+  // Which profiles to build (--profiles).
+  ProfileTypes profiles;
+  // Off-CPU intervals shorter than this are ignored (--off-cpu-min-duration).
+  absl::Duration off_cpu_min_duration = absl::ZeroDuration();
   // Write DIR/<pid>/<name>-<t0 unix ms>.pb.gz; empty = no files.
   std::string output_dir;
   LogLevel log_level = LogLevel::kInfo;

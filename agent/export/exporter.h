@@ -3,7 +3,7 @@
 #pragma once
 
 #include "absl/status/status.h"
-#include "agent/profile/cpu_profiles.h"
+#include "agent/profile/profile_set.h"
 
 namespace parascope {
 

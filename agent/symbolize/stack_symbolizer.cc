@@ -2,6 +2,8 @@
 
 #include <limits>
 
+#include "absl/strings/match.h"
+
 namespace parascope {
 
 StackSymbolizer::StackSymbolizer(proc::ProcessTable* processes, symbolize::ElfCache* elf_cache,
@@ -30,6 +32,21 @@ void StackSymbolizer::AddKernelFrames(PprofBuilder& builder, absl::Span<const ui
     uint64_t fid = builder.AddFunction({sym->name, sym->name, ""});
     out->push_back(builder.AddLocation(mapping_id, ip, {fid}));
   }
+}
+
+size_t StackSymbolizer::TracingPrefixLength(absl::Span<const uint64_t> ips) const {
+  if (kallsyms_ == nullptr) return 0;
+  size_t n = 0;
+  for (; n < ips.size() && n < 4; ++n) {
+    const symbolize::KernelSymbol* sym = kallsyms_->Lookup(ips[n]);
+    bool tracing = sym == nullptr || sym->module == "bpf" ||
+                   absl::StartsWith(sym->name, "bpf_trace_run") ||
+                   absl::StartsWith(sym->name, "__bpf_trace_") ||
+                   absl::StartsWith(sym->name, "bpf_prog_");
+    if (!tracing) break;
+  }
+  // Only a prefix that ends in the kernel proper is trimmed; otherwise keep everything.
+  return n < ips.size() ? n : 0;
 }
 
 void StackSymbolizer::AddUserFrames(PprofBuilder& builder, const proc::ProcessKey& process,

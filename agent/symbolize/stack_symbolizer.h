@@ -43,6 +43,12 @@ class StackSymbolizer {
   void AddUserFrames(PprofBuilder& builder, const proc::ProcessKey& process,
                      absl::Span<const uint64_t> ips, std::vector<uint64_t>* out);
 
+  // Number of leading kernel frames that belong to the tracing machinery rather than to the
+  // traced task: a stack captured by bpf_get_stack() inside a tracepoint program starts with the
+  // program itself (no kallsyms symbol, or a "[bpf]" one) and bpf_trace_run<N> /
+  // __bpf_trace_<event> (kernel/trace/bpf_trace.c). At most 4 frames are considered.
+  size_t TracingPrefixLength(absl::Span<const uint64_t> kernel_ips) const;
+
   const SymbolizerStats& stats() const { return stats_; }
 
   // Name of the kernel mapping (perf's convention, SPEC section 3).

@@ -8,7 +8,7 @@
 #include <catch2/catch.hpp>
 #include <thread>
 
-#include "agent/bpf/oncpu_program.h"
+#include "agent/bpf/programs.h"
 #include "agent/collect/window_clock.h"
 #include "test/e2e/e2e_util.h"
 
@@ -23,11 +23,13 @@ TEST_CASE("bpf: oncpu program loads and filters by tgid and drains every sample"
     volatile uint64_t x = 0;
     for (;;) x = x + 1;
   }
-  OnCpuProgram::Options opts;
+  BpfPrograms::Options opts;
   opts.frequency_hz = 997;
   opts.tgids = {static_cast<uint32_t>(child)};
   opts.collect_interval = absl::Seconds(1);
-  auto prog = OnCpuProgram::Create(opts);
+  opts.sched = false;
+  opts.offcpu = false;
+  auto prog = BpfPrograms::Create(opts);
   if (!prog.ok()) kill(child, SIGKILL);
   REQUIRE(prog.ok());
 
@@ -36,9 +38,9 @@ TEST_CASE("bpf: oncpu program loads and filters by tgid and drains every sample"
   // Drain repeatedly while sampling continues: samples taken during a drain must appear in a
   // later drain, so the sum over drains equals the program's own count.
   while (MonotonicNowNs() - start < 1500000000LL) {
-    auto records = (*prog)->Drain();
-    REQUIRE(records.ok());
-    for (const auto& r : *records) {
+    auto data = (*prog)->Drain(false);
+    REQUIRE(data.ok());
+    for (const auto& r : data->oncpu) {
       CHECK(r.process.tgid == static_cast<uint32_t>(child));
       CHECK(r.tid == static_cast<uint32_t>(child));
       // cpu-clock: every sample's period is NSEC_PER_SEC / 997 ns (perf_swevent_init_hrtimer).
@@ -48,9 +50,9 @@ TEST_CASE("bpf: oncpu program loads and filters by tgid and drains every sample"
     ++windows;
     usleep(50000);  // pacing only: correctness does not depend on it
   }
-  auto last = (*prog)->DetachAndDrain();
+  auto last = (*prog)->Drain(true);
   REQUIRE(last.ok());
-  for (const auto& r : *last) drained += r.count;
+  for (const auto& r : last->oncpu) drained += r.count;
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
 

@@ -99,6 +99,13 @@ bool Child::WaitForStderr(const std::string& needle, std::string* line, int time
   return false;
 }
 
+bool Child::Running() const {
+  if (pid_ <= 0) return false;
+  siginfo_t info{};
+  if (waitid(P_PID, pid_, &info, WEXITED | WNOHANG | WNOWAIT) != 0) return false;
+  return info.si_pid == 0;  // no state change yet
+}
+
 void Child::WriteStdin(const std::string& data) {
   REQUIRE(write(in_, data.data(), data.size()) == static_cast<ssize_t>(data.size()));
 }
@@ -183,6 +190,120 @@ bool RawProfile::IsKernelFrame(uint64_t location_id) const {
   return m != mapping_files.end() && m->second == "[kernel.kallsyms]";
 }
 
+namespace {
+
+// "2026-11-30 18:20:26.259716858 +0000 UTC" (Go's time.Time.String) -> unix ns; 0 on error.
+int64_t ParseGoTime(absl::string_view t) {
+  int y, mo, d, h, mi, sec;
+  int consumed = 0;
+  std::string s(t);
+  if (sscanf(s.c_str(), "%d-%d-%d %d:%d:%d%n", &y, &mo, &d, &h, &mi, &sec, &consumed) != 6) {
+    return 0;
+  }
+  int64_t frac = 0;
+  size_t i = consumed;
+  if (i < s.size() && s[i] == '.') {
+    int digits = 0;
+    for (++i; i < s.size() && isdigit(static_cast<unsigned char>(s[i])); ++i, ++digits) {
+      if (digits < 9) frac = frac * 10 + (s[i] - '0');
+    }
+    for (; digits < 9; ++digits) frac *= 10;
+  }
+  int64_t offset_s = 0;
+  while (i < s.size() && s[i] == ' ') ++i;
+  if (i + 5 <= s.size() && (s[i] == '+' || s[i] == '-')) {
+    int hh = (s[i + 1] - '0') * 10 + (s[i + 2] - '0');
+    int mm = (s[i + 3] - '0') * 10 + (s[i + 4] - '0');
+    offset_s = (s[i] == '-' ? -1 : 1) * (hh * 3600 + mm * 60);
+  }
+  struct tm tm {};
+  tm.tm_year = y - 1900;
+  tm.tm_mon = mo - 1;
+  tm.tm_mday = d;
+  tm.tm_hour = h;
+  tm.tm_min = mi;
+  tm.tm_sec = sec;
+  int64_t unix_s = static_cast<int64_t>(timegm(&tm)) - offset_s;
+  return unix_s * 1000000000LL + frac;
+}
+
+bool IsLabelKeyChar(char c) {
+  return isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
+}
+
+// A pprof -raw label line: "key:[value] key2:[value2]" (string labels, sorted by key, on one
+// line; numeric labels on the next). A value may contain spaces or ']': it ends at a ']' that
+// ends the line or is followed by " key:[".
+void ParseLabelLine(absl::string_view t, std::map<std::string, std::string>* labels) {
+  size_t i = 0;
+  while (i < t.size()) {
+    size_t open = t.find(":[", i);
+    if (open == absl::string_view::npos) return;
+    std::string key(t.substr(i, open - i));
+    size_t value_start = open + 2, end = absl::string_view::npos;
+    for (size_t k = t.find(']', value_start); k != absl::string_view::npos;
+         k = t.find(']', k + 1)) {
+      if (k + 1 == t.size()) {
+        end = k;
+        break;
+      }
+      if (t[k + 1] != ' ') continue;
+      size_t j = k + 2;
+      while (j < t.size() && IsLabelKeyChar(t[j])) ++j;
+      if (j > k + 2 && j + 1 < t.size() && t[j] == ':' && t[j + 1] == '[') {
+        end = k;
+        break;
+      }
+    }
+    if (end == absl::string_view::npos) end = t.size();
+    (*labels)[key] = std::string(t.substr(value_start, end - value_start));
+    i = end + 2;
+  }
+}
+
+}  // namespace
+
+int64_t ParseGoDuration(const std::string& text) {
+  static const std::pair<const char*, double> kUnits[] = {
+      {"ns", 1}, {"us", 1e3}, {"\xc2\xb5s", 1e3}, {"\xce\xbcs", 1e3}, {"ms", 1e6},
+      {"s", 1e9}, {"m", 60e9}, {"h", 3600e9}};
+  absl::string_view s(text);
+  if (s.empty() || s.back() != 's') return -1;
+  if (s == "0s") return 0;
+  double total = 0;
+  while (!s.empty()) {
+    size_t n = 0;
+    while (n < s.size() && (isdigit(static_cast<unsigned char>(s[n])) || s[n] == '.')) ++n;
+    if (n == 0) return -1;
+    double v;
+    if (!absl::SimpleAtod(s.substr(0, n), &v)) return -1;
+    s.remove_prefix(n);
+    double mult = 0;
+    for (const auto& [unit, m] : kUnits) {
+      if (absl::StartsWith(s, unit)) {
+        // "m" must not take the "m" of "ms".
+        if (std::string(unit) == "m" && absl::StartsWith(s, "ms")) continue;
+        mult = m;
+        s.remove_prefix(strlen(unit));
+        break;
+      }
+    }
+    if (mult == 0) return -1;
+    total += v * mult;
+  }
+  return static_cast<int64_t>(total + 0.5);
+}
+
+std::map<std::string, std::string> KeyValues(const std::string& line) {
+  std::map<std::string, std::string> out;
+  for (absl::string_view tok : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+    size_t eq = tok.find('=');
+    if (eq == absl::string_view::npos || eq == 0) continue;
+    out[std::string(tok.substr(0, eq))] = std::string(tok.substr(eq + 1));
+  }
+  return out;
+}
+
 // pprof -raw layout (github.com/google/pprof/profile/profile.go String()): header lines, then
 // "Samples:", a line of sample types, per sample "  v1 v2: loc loc ..." followed by label
 // lines "key:[value]"; "Locations", lines "  id: 0xaddr M=m fn :line s=start(sysname)" (inlined
@@ -205,6 +326,11 @@ RawProfile ReadWithPprof(const std::string& path) {
       case kHeader:
         if (absl::ConsumePrefix(&t, "PeriodType: ")) p.period_type = std::string(t);
         if (absl::ConsumePrefix(&t, "Period: ")) (void)absl::SimpleAtoi(t, &p.period);
+        if (absl::ConsumePrefix(&t, "Time: ")) p.time_nanos = ParseGoTime(t);
+        if (absl::ConsumePrefix(&t, "Duration: ")) {
+          p.duration_text = std::string(t);
+          p.duration_nanos = std::max<int64_t>(0, ParseGoDuration(p.duration_text));
+        }
         break;
       case kSampleTypes:
         for (absl::string_view st : absl::StrSplit(t, ' ', absl::SkipEmpty())) {
@@ -231,12 +357,8 @@ RawProfile ReadWithPprof(const std::string& path) {
             s.location_ids.push_back(x);
           }
           p.samples.push_back(std::move(s));
-        } else if (!p.samples.empty()) {  // label line "key:[value]"
-          std::string value(t.substr(colon + 1));
-          if (value.size() >= 2 && value.front() == '[' && value.back() == ']') {
-            value = value.substr(1, value.size() - 2);
-          }
-          p.samples.back().labels[std::string(head)] = value;
+        } else if (!p.samples.empty()) {  // label line "key:[value] key2:[value2]"
+          ParseLabelLine(t, &p.samples.back().labels);
         }
         break;
       }

@@ -37,6 +37,8 @@ class Child {
   // Waits for exit (at most timeout_s, then SIGKILL) and returns the exit status as from
   // waitpid; collects the rest of stdout/stderr into the transcripts.
   int Wait(int timeout_s = 120);
+  // True while the child has not exited (does not reap it: Wait still works).
+  bool Running() const;
   const std::string& stdout_text() const { return out_text_; }
   const std::string& stderr_text() const { return err_text_; }
 
@@ -65,6 +67,12 @@ struct RawProfile {
   std::vector<std::string> sample_types;  // e.g. "samples/count", "cpu/nanoseconds"
   std::string period_type;
   int64_t period = 0;
+  int64_t time_nanos = 0;      // from "Time: ..." (0 if absent)
+  // From "Duration: ...". pprof prints it with %.4v, which cuts the Go duration string to four
+  // characters ("2s", "15s", "1m0s" survive; "3.0012s" becomes "3.00"): 0 when the text was cut,
+  // so the exact value is unknown. duration_text keeps what pprof printed.
+  int64_t duration_nanos = 0;
+  std::string duration_text;
   std::vector<Sample> samples;
   std::map<uint64_t, Location> locations;
   std::map<uint64_t, std::string> mapping_files;
@@ -78,6 +86,14 @@ struct RawProfile {
 
 // Runs `pprof -raw FILE` (PS_PPROF_BIN) and parses it. Test failure if pprof fails.
 RawProfile ReadWithPprof(const std::string& path);
+
+// A complete Go duration string ("2s", "1m0s", "1.5ms", "250µs") in ns; -1 if it is not one
+// (e.g. cut short by pprof's %.4v).
+int64_t ParseGoDuration(const std::string& text);
+
+// "key=value" tokens of a line such as a workload's "done tid=12 cpu_ns=34" (other tokens are
+// ignored).
+std::map<std::string, std::string> KeyValues(const std::string& line);
 
 // Files under dir matching "<dir>/<pid>/<prefix>*.pb.gz" (pid 0 = any).
 std::vector<std::string> ProfileFiles(const std::string& dir, int pid, const std::string& prefix);

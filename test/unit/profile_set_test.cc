@@ -1,4 +1,4 @@
-#include "agent/profile/cpu_profiles.h"
+#include "agent/profile/profile_set.h"
 
 #include <catch2/catch.hpp>
 
@@ -49,28 +49,32 @@ proc::ProcessKey SelfKey() {
 
 }  // namespace
 
-TEST_CASE("CpuProfileSet symbolizes this binary's functions and kernel frames", "[profile]") {
+TEST_CASE("ProfileSet symbolizes this binary's functions and kernel frames", "[profile]") {
   proc::ProcessTable processes;  // the real /proc
   symbolize::ElfCache elfs;
   auto kallsyms = symbolize::Kallsyms::Load(std::string(PS_FIXTURE_DIR) + "/kallsyms.txt");
   REQUIRE(kallsyms.ok());
   StackSymbolizer symbolizer(&processes, &elfs, &*kallsyms);
-  CpuProfileSet set({.period_ns = 52631579, .period_is_ns = true, .description = "test"},
-                    &symbolizer, &processes);
+  ProfileOptions opts;
+  opts.period_ns = 52631579;
+  opts.period_is_ns = true;
+  opts.description = "test";
+  opts.types = *ParseProfileTypes("cpu");
+  ProfileSet set(opts, &symbolizer, &processes);
   REQUIRE(ps_test::Caller(1) == 4);
 
   OnCpuRecord r;
   r.process = SelfKey();
   r.tid = r.process.tgid;
   r.thread_name = "unit_tests";
-  r.kernel_ips = {0xffffffff81001010, 0xffffffffc0a01804};  // do_one_initcall, nvme_submit_cmd
+  r.stacks.kernel_ips = {0xffffffff81001010, 0xffffffffc0a01804};  // do_one_initcall, nvme_submit_cmd
   // Leaf: inside ps_cpu_profiles_leaf; caller frame: a return address just past a call in
   // Caller (+1 so that the ip - 1 lookup still lands inside Caller).
-  r.user_ips = {reinterpret_cast<uint64_t>(&ps_cpu_profiles_leaf) + 1,
+  r.stacks.user_ips = {reinterpret_cast<uint64_t>(&ps_cpu_profiles_leaf) + 1,
                 reinterpret_cast<uint64_t>(&ps_test::Caller) + 1};
   r.count = 3;
   r.period_sum = 3 * 52631578;
-  set.Add(r);
+  set.AddOnCpu(r);
 
   auto out = set.Finish(1000, 2000);
   REQUIRE(out.size() == 1);
@@ -89,7 +93,7 @@ TEST_CASE("CpuProfileSet symbolizes this binary's functions and kernel frames", 
   CHECK(res.mappings[1] == "[kernel.kallsyms]");
   CHECK(res.functions[2] == "ps_cpu_profiles_leaf");
   CHECK(res.functions[3] == "ps_test::Caller(int)");
-  CHECK(res.addresses[2] == r.user_ips[0]);  // raw addresses are kept
+  CHECK(res.addresses[2] == r.stacks.user_ips[0]);  // raw addresses are kept
   CHECK(res.mappings[2] == res.mappings[3]);
   CHECK(res.mappings[2].find("unit_tests") != std::string::npos);
   // Labels for local files.
@@ -102,30 +106,34 @@ TEST_CASE("CpuProfileSet symbolizes this binary's functions and kernel frames", 
   CHECK(set.Finish(3000, 1).empty());  // reset after Finish
 }
 
-TEST_CASE("CpuProfileSet marks lost and truncated stacks and keeps unsymbolized frames",
+TEST_CASE("ProfileSet marks lost and truncated stacks and keeps unsymbolized frames",
           "[profile]") {
   proc::ProcessTable processes(std::string(PS_FIXTURE_DIR) + "/proc/root");
   symbolize::ElfCache elfs;
   StackSymbolizer symbolizer(&processes, &elfs, nullptr);
-  CpuProfileSet set({.period_ns = 1000, .period_is_ns = false, .description = "", .thread_labels = false},
-                    &symbolizer, &processes);
+  ProfileOptions opts;
+  opts.period_ns = 1000;
+  opts.period_is_ns = false;
+  opts.thread_labels = false;
+  opts.types = *ParseProfileTypes("cpu");
+  ProfileSet set(opts, &symbolizer, &processes);
   proc::ProcessKey key{4242, proc::TicksToNs(123456)};
 
   OnCpuRecord lost;
   lost.process = key;
   lost.tid = 4243;
-  lost.user_stack_err = -14;
-  lost.kernel_ips = {0xffffffff81001010};
+  lost.stacks.user_stack_err = -14;
+  lost.stacks.kernel_ips = {0xffffffff81001010};
   lost.count = 2;
   lost.period_sum = 123;  // cycles: ignored, cpu = count * period_ns
-  set.Add(lost);
+  set.AddOnCpu(lost);
 
   OnCpuRecord deep;
   deep.process = key;
   deep.tid = 4242;
-  deep.user_ips.assign(PS_MAX_STACK_DEPTH, 0x55d4c8a3f010);  // in /usr/bin/myserver r-xp
+  deep.stacks.user_ips.assign(PS_MAX_STACK_DEPTH, 0x55d4c8a3f010);  // in /usr/bin/myserver r-xp
   deep.count = 1;
-  set.Add(deep);
+  set.AddOnCpu(deep);
 
   auto out = set.Finish(0, 1);
   REQUIRE(out.size() == 1);
@@ -149,6 +157,7 @@ TEST_CASE("CpuProfileSet marks lost and truncated stacks and keeps unsymbolized 
   CHECK(set.stats().user_stack_lost == 2);
   CHECK(set.stats().truncated == 1);
   CHECK(symbolizer.stats().no_elf == PS_MAX_STACK_DEPTH);
+  CHECK(set.stats().samples == 3);
 }
 
 }  // namespace parascope

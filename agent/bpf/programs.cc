@@ -1,0 +1,440 @@
+#include "agent/bpf/programs.h"
+
+#include <bpf/bpf.h>
+#include <bpf/btf.h>
+#include <bpf/libbpf.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "agent/collect/window_clock.h"
+#include "agent/util/log.h"
+#include "agent/util/status.h"
+#include "oncpu.skel.h"
+#include "sched.skel.h"
+
+namespace parascope {
+namespace {
+
+// libbpf 1.x returns -errno from most calls (and sets errno).
+absl::Status LibbpfError(int rc, absl::string_view what) {
+  return ErrnoStatus(rc < 0 ? -rc : errno, absl::StrCat("libbpf: ", what));
+}
+
+uint32_t NextPow2(uint64_t v) {
+  uint32_t p = 1;
+  while (p < v && p < (1u << 30)) p <<= 1;
+  return p;
+}
+
+// Keys of a map with no concurrent writer (a closed buffer), via get_next_key.
+template <typename K>
+std::vector<K> AllKeys(int fd) {
+  std::vector<K> keys;
+  K key{}, next{};
+  const void* prev = nullptr;
+  while (bpf_map_get_next_key(fd, prev, &next) == 0) {
+    keys.push_back(next);
+    key = next;
+    prev = &key;
+  }
+  return keys;
+}
+
+template <typename K>
+void DeleteAll(int fd, const std::vector<K>& keys) {
+  for (const K& k : keys) bpf_map_delete_elem(fd, &k);
+}
+
+// True when the kernel's BTF describes the sched_switch tracepoint for tp_btf programs.
+bool HasBtfTracepoint(const char* name) {
+  btf* vmlinux = btf__load_vmlinux_btf();
+  if (vmlinux == nullptr) return false;
+  bool found =
+      btf__find_by_name_kind(vmlinux, absl::StrCat("btf_trace_", name).c_str(), BTF_KIND_TYPEDEF) >
+      0;
+  btf__free(vmlinux);
+  return found;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& options) {
+  std::unique_ptr<BpfPrograms> self(new BpfPrograms());
+  self->min_offcpu_ns_ = options.min_offcpu_ns;
+  PS_ASSIGN_OR_RETURN(self->events_, OpenSamplingEvents(options.frequency_hz));
+
+  self->oncpu_ = oncpu_bpf::open();
+  if (self->oncpu_ == nullptr) return LibbpfError(-errno, "opening oncpu.bpf.o");
+  oncpu_bpf* skel = self->oncpu_;
+
+  // Map sizes from the samples one window can hold: CPUs * Hz * seconds, twice for separate
+  // user and kernel stacks, plus off-CPU stacks. Distinct stacks are usually far fewer; a full
+  // map is counted (PS_CTR_*_MAP_FULL), never silent. 16384 entries cap the preallocated stack
+  // memory at 16 MiB per buffer.
+  double per_window = static_cast<double>(self->events_.cpus.size()) * options.frequency_hz *
+                      absl::ToDoubleSeconds(options.collect_interval);
+  uint32_t stack_entries =
+      std::clamp<uint32_t>(NextPow2(static_cast<uint64_t>(2 * per_window)),
+                           options.offcpu ? 8192 : 1024, 16384);
+  uint32_t agg_entries =
+      std::clamp<uint32_t>(NextPow2(static_cast<uint64_t>(per_window)), 1024, 16384);
+  for (bpf_map* m : {skel->maps.ps_stacks0, skel->maps.ps_stacks1}) {
+    if (int rc = bpf_map__set_max_entries(m, stack_entries); rc) {
+      return LibbpfError(rc, "sizing stack maps");
+    }
+  }
+  for (bpf_map* m : {skel->maps.ps_oncpu0, skel->maps.ps_oncpu1}) {
+    if (int rc = bpf_map__set_max_entries(m, agg_entries); rc) {
+      return LibbpfError(rc, "sizing aggregation maps");
+    }
+  }
+  skel->rodata->ps_cfg_filter_tgid = options.tgids.empty() ? 0 : 1;
+  skel->rodata->ps_cfg_parallelism = options.sched ? 1 : 0;
+  if (int rc = oncpu_bpf::load(skel); rc) return LibbpfError(rc, "loading oncpu.bpf.o");
+
+  void* ctl = mmap(nullptr, sysconf(_SC_PAGESIZE), PROT_READ | PROT_WRITE, MAP_SHARED,
+                   bpf_map__fd(skel->maps.ps_control), 0);
+  if (ctl == MAP_FAILED) return ErrnoStatus(errno, "mmap ps_control");
+  self->control_ = static_cast<ps_control*>(ctl);
+
+  uint8_t one = 1;
+  for (uint32_t tgid : options.tgids) {
+    if (bpf_map__update_elem(skel->maps.ps_pid_filter, &tgid, sizeof(tgid), &one, sizeof(one),
+                             BPF_ANY)) {
+      return ErrnoStatus(errno, "filling the pid filter map");
+    }
+  }
+  if (options.sched) PS_RETURN_IF_ERROR(self->LoadSched(options));
+
+  // The first window starts now; CPUs are unknown until a switch or a sample shows their task.
+  self->window_start_ns_ = MonotonicNowNs();
+  self->control_->unknown_cpus = static_cast<int64_t>(self->events_.cpus.size());
+  self->control_->window_start_ns = self->window_start_ns_;
+  self->control_->active_buffer = 0;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+
+  if (self->sched_ != nullptr) {
+    bool btf = self->sched_kind_ == "tp_btf";
+    for (bpf_program* p : {btf ? self->sched_->progs.ps_sched_switch_btf
+                               : self->sched_->progs.ps_sched_switch_raw,
+                           btf ? self->sched_->progs.ps_process_exit_btf
+                               : self->sched_->progs.ps_process_exit_raw}) {
+      bpf_link* link = bpf_program__attach(p);
+      if (link == nullptr) {
+        return LibbpfError(-errno, absl::StrCat("attaching ", bpf_program__name(p)));
+      }
+      self->links_.push_back(link);
+    }
+  }
+  for (size_t i = 0; i < self->events_.fds.size(); ++i) {
+    bpf_link* link =
+        bpf_program__attach_perf_event(skel->progs.ps_on_cpu_sample, self->events_.fds[i].get());
+    if (link == nullptr) {
+      return LibbpfError(-errno, absl::StrCat("attaching to ", self->events_.name, " on CPU ",
+                                              self->events_.cpus[i]));
+    }
+    self->links_.push_back(link);
+  }
+  return self;
+}
+
+absl::Status BpfPrograms::LoadSched(const Options& options) {
+  sched_ = sched_bpf::open();
+  if (sched_ == nullptr) return LibbpfError(-errno, "opening sched.bpf.o");
+  // Share the maps both objects define (common.bpf.h): one instance each.
+  struct Shared {
+    bpf_map* mine;
+    bpf_map* theirs;
+  };
+  for (Shared s : {Shared{sched_->maps.ps_counters, oncpu_->maps.ps_counters},
+                   Shared{sched_->maps.ps_control, oncpu_->maps.ps_control},
+                   Shared{sched_->maps.ps_pid_filter, oncpu_->maps.ps_pid_filter},
+                   Shared{sched_->maps.ps_stacks0, oncpu_->maps.ps_stacks0},
+                   Shared{sched_->maps.ps_stacks1, oncpu_->maps.ps_stacks1},
+                   Shared{sched_->maps.ps_running, oncpu_->maps.ps_running},
+                   Shared{sched_->maps.ps_cpu_state, oncpu_->maps.ps_cpu_state}}) {
+    if (int rc = bpf_map__reuse_fd(s.mine, bpf_map__fd(s.theirs)); rc) {
+      return LibbpfError(rc, absl::StrCat("sharing map ", bpf_map__name(s.mine)));
+    }
+  }
+  sched_->rodata->ps_cfg_filter_tgid = options.tgids.empty() ? 0 : 1;
+  sched_->rodata->ps_cfg_offcpu = options.offcpu ? 1 : 0;
+  sched_->rodata->ps_cfg_min_offcpu_ns = options.min_offcpu_ns;
+  // tp_btf where the kernel's BTF has the tracepoint, else raw_tp (libbpf-tools offcputime).
+  bool btf = HasBtfTracepoint("sched_switch") && HasBtfTracepoint("sched_process_exit");
+  sched_kind_ = btf ? "tp_btf" : "raw_tp";
+  bpf_program__set_autoload(sched_->progs.ps_sched_switch_btf, btf);
+  bpf_program__set_autoload(sched_->progs.ps_process_exit_btf, btf);
+  bpf_program__set_autoload(sched_->progs.ps_sched_switch_raw, !btf);
+  bpf_program__set_autoload(sched_->progs.ps_process_exit_raw, !btf);
+  if (int rc = sched_bpf::load(sched_); rc) return LibbpfError(rc, "loading sched.bpf.o");
+  return absl::OkStatus();
+}
+
+void BpfPrograms::Detach() {
+  for (bpf_link* l : links_) bpf_link__destroy(l);
+  links_.clear();
+}
+
+BpfPrograms::~BpfPrograms() {
+  Detach();
+  if (control_ != nullptr) munmap(control_, sysconf(_SC_PAGESIZE));
+  if (sched_ != nullptr) sched_bpf::destroy(sched_);
+  if (oncpu_ != nullptr) oncpu_bpf::destroy(oncpu_);
+}
+
+absl::Status BpfPrograms::WaitForCpus() {
+  cpu_set_t saved;
+  if (sched_getaffinity(0, sizeof(saved), &saved) != 0) {
+    return ErrnoStatus(errno, "sched_getaffinity");
+  }
+  for (int cpu : events_.cpus) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    // Returns after the kernel migrated this thread to `cpu` (kernel/sched/core.c
+    // __set_cpus_allowed_ptr -> affine_move_task waits for the stopper). EINVAL: CPU went
+    // offline, and an offline CPU runs no program.
+    if (sched_setaffinity(0, sizeof(one), &one) != 0 && errno != EINVAL) {
+      int err = errno;
+      sched_setaffinity(0, sizeof(saved), &saved);
+      return ErrnoStatus(err, absl::StrCat("sched_setaffinity(cpu ", cpu, ")"));
+    }
+  }
+  sched_setaffinity(0, sizeof(saved), &saved);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WindowData> BpfPrograms::Drain(bool final) {
+  if (final) Detach();
+  int64_t ws = MonotonicNowNs();
+  uint32_t closed = active_;
+  if (!final) {
+    // Window start before buffer: a program that sees the new buffer also sees the new start.
+    control_->window_start_ns = ws;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    active_ ^= 1;
+    control_->active_buffer = active_;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+  PS_RETURN_IF_ERROR(WaitForCpus());
+
+  WindowData out;
+  out.start_mono_ns = window_start_ns_;
+  out.end_mono_ns = ws;
+  ++window_index_;
+  DrainBuffer(closed, &out);
+  if (final) DrainBuffer(closed ^ 1, &out);
+  if (sched_ != nullptr) {
+    ScanThreads(window_start_ns_, ws, &out);
+    ScanCpus(window_start_ns_, ws, &out);
+  }
+  window_start_ns_ = ws;
+
+  // Keep stacks used in this or the previous window; bound the cache.
+  for (auto it = stack_cache_.begin(); it != stack_cache_.end();) {
+    if (it->second.last_used_window + 2 <= window_index_) {
+      stack_cache_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  if (stack_cache_.size() > kMaxCachedStacks) {
+    std::vector<std::pair<uint64_t, uint64_t>> by_age;
+    for (const auto& [h, c] : stack_cache_) by_age.emplace_back(c.last_used_window, h);
+    std::sort(by_age.begin(), by_age.end());
+    for (size_t i = 0; i < by_age.size() - kMaxCachedStacks; ++i) {
+      stack_cache_.erase(by_age[i].second);
+      ++map_stats_.stack_cache_evicted;
+    }
+  }
+  map_stats_.stack_cache = stack_cache_.size();
+  return out;
+}
+
+void BpfPrograms::ResolveStacks(uint64_t kernel_stack, int32_t kernel_err, uint64_t user_stack,
+                                int32_t user_err, StackPair* pair) {
+  auto one = [&](uint64_t hash, int32_t err, std::vector<uint64_t>* ips, int32_t* err_out) {
+    *err_out = err;
+    if (hash == 0) return;
+    auto it = stack_cache_.find(hash);
+    if (it == stack_cache_.end()) {
+      ++map_stats_.stacks_missing;
+      *err_out = -ENOENT;
+      return;
+    }
+    it->second.last_used_window = window_index_;
+    *ips = it->second.ips;
+  };
+  one(kernel_stack, kernel_err, &pair->kernel_ips, &pair->kernel_stack_err);
+  one(user_stack, user_err, &pair->user_ips, &pair->user_stack_err);
+}
+
+void BpfPrograms::DrainBuffer(uint32_t index, WindowData* out) {
+  // Stacks first: records of this buffer and intervals ending later refer to them.
+  int stacks_fd = bpf_map__fd(index == 0 ? oncpu_->maps.ps_stacks0 : oncpu_->maps.ps_stacks1);
+  std::vector<uint64_t> stack_keys = AllKeys<uint64_t>(stacks_fd);
+  ps_stack st;
+  for (uint64_t h : stack_keys) {
+    if (bpf_map_lookup_elem(stacks_fd, &h, &st) != 0) continue;
+    CachedStack& c = stack_cache_[h];
+    c.ips.assign(st.ips, st.ips + std::min<uint32_t>(st.len, PS_MAX_STACK_DEPTH));
+    c.last_used_window = window_index_;
+  }
+  DeleteAll(stacks_fd, stack_keys);
+
+  int agg_fd = bpf_map__fd(index == 0 ? oncpu_->maps.ps_oncpu0 : oncpu_->maps.ps_oncpu1);
+  std::vector<ps_oncpu_key> keys = AllKeys<ps_oncpu_key>(agg_fd);
+  for (const ps_oncpu_key& k : keys) {
+    ps_oncpu_value v;
+    if (bpf_map_lookup_elem(agg_fd, &k, &v) != 0) continue;
+    OnCpuRecord r;
+    r.process = proc::ProcessKey{k.tgid, k.tgid_start_ns};
+    r.tid = k.tid;
+    r.thread_name.assign(v.comm, strnlen(v.comm, sizeof(v.comm)));
+    ResolveStacks(k.kernel_stack, k.kernel_stack_err, k.user_stack, k.user_stack_err, &r.stacks);
+    r.parallelism = std::max<uint32_t>(k.parallelism, 1);
+    r.parallelism_unknown = (k.flags & PS_SAMPLE_PARALLELISM_UNKNOWN) != 0;
+    r.count = v.count;
+    r.period_sum = v.period_sum;
+    out->oncpu.push_back(std::move(r));
+  }
+  DeleteAll(agg_fd, keys);
+  if (sched_ == nullptr) return;
+
+  int off_fd = bpf_map__fd(index == 0 ? sched_->maps.ps_offcpu0 : sched_->maps.ps_offcpu1);
+  std::vector<ps_offcpu_key> okeys = AllKeys<ps_offcpu_key>(off_fd);
+  for (const ps_offcpu_key& k : okeys) {
+    ps_offcpu_value v;
+    if (bpf_map_lookup_elem(off_fd, &k, &v) != 0) continue;
+    OffCpuRecord r;
+    r.process = proc::ProcessKey{k.tgid, k.tgid_start_ns};
+    r.tid = k.tid;
+    r.thread_name.assign(v.comm, strnlen(v.comm, sizeof(v.comm)));
+    ResolveStacks(k.kernel_stack, k.kernel_stack_err, k.user_stack, k.user_stack_err, &r.stacks);
+    r.state = k.state;
+    r.ns = v.ns;
+    r.count = v.count;
+    out->offcpu.push_back(std::move(r));
+  }
+  DeleteAll(off_fd, okeys);
+
+  int rt_fd = bpf_map__fd(index == 0 ? sched_->maps.ps_runtime0 : sched_->maps.ps_runtime1);
+  std::vector<ps_runtime_key> rkeys = AllKeys<ps_runtime_key>(rt_fd);
+  for (const ps_runtime_key& k : rkeys) {
+    uint64_t ns = 0;
+    if (bpf_map_lookup_elem(rt_fd, &k, &ns) != 0) continue;
+    out->runtime.push_back({proc::ProcessKey{k.tgid, k.tgid_start_ns}, ns});
+  }
+  DeleteAll(rt_fd, rkeys);
+}
+
+void BpfPrograms::ScanThreads(int64_t prev_ws, int64_t ws, WindowData* out) {
+  int fd = bpf_map__fd(sched_->maps.ps_threads);
+  const uint64_t cur = static_cast<uint64_t>(ws), prev = static_cast<uint64_t>(prev_ws);
+  auto emit = [&](uint32_t tid, const ps_thread_state& ts, uint64_t from, uint64_t kstack,
+                  int32_t kerr, uint64_t ustack, int32_t uerr, uint32_t state) {
+    from = std::max(from, prev);
+    if (cur <= from) return;
+    OffCpuRecord r;
+    r.process = proc::ProcessKey{ts.tgid, ts.tgid_start_ns};
+    r.tid = tid;
+    r.thread_name.assign(ts.comm, strnlen(ts.comm, sizeof(ts.comm)));
+    ResolveStacks(kstack, kerr, ustack, uerr, &r.stacks);
+    r.state = state;
+    r.ns = cur - from;
+    r.count = 1;
+    out->offcpu.push_back(std::move(r));
+  };
+  // Batch lookups walk the hash by bucket, so concurrent inserts and deletes (threads starting
+  // and exiting) neither restart the walk nor visit an entry twice, unlike get_next_key.
+  constexpr uint32_t kBatch = 256;
+  std::vector<uint32_t> keys(kBatch);
+  std::vector<ps_thread_state> values(kBatch);
+  uint32_t in_batch = 0, out_batch = 0;
+  bool first = true;
+  uint64_t entries = 0;
+  for (;;) {
+    uint32_t count = kBatch;
+    int rc = bpf_map_lookup_batch(fd, first ? nullptr : &in_batch, &out_batch, keys.data(),
+                                  values.data(), &count, nullptr);
+    int err = rc < 0 ? errno : 0;
+    for (uint32_t i = 0; i < count; ++i) {
+      const ps_thread_state& ts = values[i];
+      ++entries;
+      if (ts.carry_ws_ns == cur) {
+        if (ts.carry_min_ok) {
+          emit(keys[i], ts, ts.carry_out_ns, ts.carry_kernel_stack, ts.carry_kernel_stack_err,
+               ts.carry_user_stack, ts.carry_user_stack_err, ts.carry_state);
+        }
+      } else if (ts.out_ns != 0 && ts.out_ns < cur) {
+        if (cur - ts.out_ns >= min_offcpu_ns_) {
+          emit(keys[i], ts, ts.out_ns, ts.kernel_stack, ts.kernel_stack_err, ts.user_stack,
+               ts.user_stack_err, ts.state);
+        }
+      }
+      // Keep the stacks of threads still off-CPU: their intervals end in a later window.
+      if (ts.out_ns != 0) {
+        for (uint64_t h : {ts.kernel_stack, ts.user_stack}) {
+          auto it = stack_cache_.find(h);
+          if (it != stack_cache_.end()) it->second.last_used_window = window_index_;
+        }
+      }
+    }
+    if (rc < 0 && err != ENOENT) {
+      static RateLimitedLog log;
+      log.Log(LogLevel::kWarning, "reading ps_threads: %s", std::strerror(err));
+    }
+    if (rc < 0) break;
+    in_batch = out_batch;
+    first = false;
+  }
+  map_stats_.thread_states = entries;
+  map_stats_.thread_states_max = std::max(map_stats_.thread_states_max, entries);
+}
+
+void BpfPrograms::ScanCpus(int64_t prev_ws, int64_t ws, WindowData* out) {
+  int ncpu = libbpf_num_possible_cpus();
+  if (ncpu <= 0) return;
+  std::vector<ps_cpu_state> cpus(ncpu);
+  uint32_t zero = 0;
+  if (bpf_map_lookup_elem(bpf_map__fd(oncpu_->maps.ps_cpu_state), &zero, cpus.data()) != 0) return;
+  const uint64_t cur = static_cast<uint64_t>(ws), prev = static_cast<uint64_t>(prev_ws);
+  for (const ps_cpu_state& c : cpus) {
+    uint64_t from;
+    proc::ProcessKey key;
+    if (c.carry_ws_ns == cur) {
+      from = c.carry_in_ns;
+      key = {c.carry_tgid, c.carry_tgid_start_ns};
+    } else if (c.known && c.counted && c.tid != 0 && c.in_ns < cur) {
+      from = c.in_ns;
+      key = {c.tgid, c.tgid_start_ns};
+    } else {
+      continue;
+    }
+    from = std::max(from, prev);
+    if (cur > from) out->runtime.push_back({key, cur - from});
+  }
+}
+
+BpfCounters BpfPrograms::Counters() const {
+  BpfCounters total{};
+  int ncpu = libbpf_num_possible_cpus();
+  if (ncpu <= 0) return total;
+  std::vector<uint64_t> per_cpu(ncpu);
+  int fd = bpf_map__fd(oncpu_->maps.ps_counters);
+  for (uint32_t i = 0; i < PS_CTR_NUM; ++i) {
+    if (bpf_map_lookup_elem(fd, &i, per_cpu.data()) != 0) continue;
+    for (uint64_t c : per_cpu) total[i] += c;
+  }
+  return total;
+}
+
+}  // namespace parascope

@@ -1,0 +1,239 @@
+#include "agent/profile/profile_set.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "bpf/abi.h"
+
+namespace parascope {
+
+const char* ProfileTypeName(ProfileType t) {
+  switch (t) {
+    case ProfileType::kCpu:
+      return "process_cpu";
+    case ProfileType::kOffCpu:
+      return "off_cpu";
+    case ProfileType::kWall:
+      return "wall";
+    case ProfileType::kLatency:
+      return "latency";
+  }
+  return "?";
+}
+
+absl::StatusOr<ProfileTypes> ParseProfileTypes(absl::string_view list) {
+  ProfileTypes out;
+  out.enabled.fill(false);
+  bool any = false;
+  for (absl::string_view item : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    item = absl::StripAsciiWhitespace(item);
+    if (item == "cpu" || item == "process_cpu") {
+      out.enabled[0] = true;
+    } else if (item == "off_cpu") {
+      out.enabled[1] = true;
+    } else if (item == "wall") {
+      out.enabled[2] = true;
+    } else if (item == "latency") {
+      out.enabled[3] = true;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown profile type '", item, "' (expected cpu, off_cpu, wall, latency)"));
+    }
+    any = true;
+  }
+  if (!any) return absl::InvalidArgumentError("no profile type given");
+  return out;
+}
+
+std::string ParallelismBucket(uint32_t k) {
+  if (k <= 8) return absl::StrCat(k < 1 ? 1 : k);
+  if (k <= 16) return "9-16";
+  if (k <= 32) return "17-32";
+  if (k <= 64) return "33-64";
+  return "65+";
+}
+
+ProfileSet::ProfileSet(ProfileOptions options, StackSymbolizer* symbolizer,
+                       proc::ProcessTable* processes)
+    : options_(std::move(options)), symbolizer_(symbolizer), processes_(processes) {}
+
+ProfileSet::PerProcess& ProfileSet::ForProcess(const proc::ProcessKey& key, uint32_t tid,
+                                               const std::string& comm) {
+  auto [it, inserted] = per_process_.try_emplace(key);
+  if (inserted) {
+    auto info = processes_->Get(key);
+    if (info.ok()) {
+      it->second.name = (*info)->comm;
+    } else if (tid == key.tgid) {
+      it->second.name = comm;  // exited: the main thread's comm is the best we have
+    }
+  }
+  return it->second;
+}
+
+PprofBuilder* ProfileSet::Builder(PerProcess& pp, ProfileType t) {
+  if (!options_.types.has(t)) return nullptr;
+  auto& b = pp.builders[static_cast<int>(t)];
+  if (b == nullptr) {
+    const int64_t p = options_.period_ns;
+    switch (t) {
+      case ProfileType::kCpu:
+        b = std::make_unique<PprofBuilder>(
+            std::vector<ValueTypeSpec>{{"samples", "count"}, {"cpu", "nanoseconds"}},
+            ValueTypeSpec{"cpu", "nanoseconds"}, p);
+        break;
+      case ProfileType::kOffCpu:
+        b = std::make_unique<PprofBuilder>(
+            std::vector<ValueTypeSpec>{{"off_cpu", "nanoseconds"}}, ValueTypeSpec{}, 0);
+        break;
+      case ProfileType::kWall:
+        b = std::make_unique<PprofBuilder>(std::vector<ValueTypeSpec>{{"wall", "nanoseconds"}},
+                                           ValueTypeSpec{"wall", "nanoseconds"}, p);
+        break;
+      case ProfileType::kLatency:
+        b = std::make_unique<PprofBuilder>(
+            std::vector<ValueTypeSpec>{{"latency", "nanoseconds"}},
+            ValueTypeSpec{"cpu", "nanoseconds"}, p);
+        break;
+    }
+  }
+  return b.get();
+}
+
+namespace {
+bool Truncated(const StackPair& s) {
+  return s.user_stack_err == 0 &&
+         (s.user_ips.size() >= PS_MAX_STACK_DEPTH ||
+          (s.user_ips.empty() && s.kernel_ips.size() >= PS_MAX_STACK_DEPTH));
+}
+}  // namespace
+
+void ProfileSet::CountStackQuality(const StackPair& s, uint64_t weight) {
+  if (s.kernel_stack_err != 0) stats_.kernel_stack_lost += weight;
+  if (s.user_stack_err != 0) stats_.user_stack_lost += weight;
+  if (Truncated(s)) stats_.truncated += weight;
+}
+
+void ProfileSet::Locations(PprofBuilder& b, const proc::ProcessKey& process,
+                           const StackPair& s, std::vector<uint64_t>* out) {
+  out->clear();
+  symbolizer_->AddKernelFrames(b, s.kernel_ips, out);
+  if (s.kernel_stack_err != 0) out->push_back(b.AddSyntheticLocation("[unknown kernel]"));
+  symbolizer_->AddUserFrames(b, process, s.user_ips, out);
+  if (s.user_stack_err != 0) {
+    out->push_back(b.AddSyntheticLocation("[unknown]"));
+  } else if (Truncated(s)) {
+    out->push_back(b.AddSyntheticLocation("[truncated]"));
+  }
+  if (out->empty()) out->push_back(b.AddSyntheticLocation("[unknown]"));
+}
+
+std::vector<LabelSpec> ProfileSet::ThreadLabels(const std::string& thread_name,
+                                                uint32_t tid) const {
+  if (!options_.thread_labels) return {};
+  return {LabelSpec::Str("thread_name", thread_name), LabelSpec::Num("tid", tid)};
+}
+
+void ProfileSet::AddOnCpu(const OnCpuRecord& r) {
+  PerProcess& pp = ForProcess(r.process, r.tid, r.thread_name);
+  pp.has_samples = true;
+  const int64_t cpu_ns = options_.period_is_ns ? static_cast<int64_t>(r.period_sum)
+                                               : static_cast<int64_t>(r.count) * options_.period_ns;
+  pp.sampled_ns += cpu_ns;
+  stats_.samples += r.count;
+  stats_.sampled_cpu_ns += cpu_ns;
+  if (r.parallelism_unknown) {
+    pp.parallelism_unknown += r.count;
+    stats_.samples_parallelism_unknown += r.count;
+  }
+  CountStackQuality(r.stacks, r.count);
+  std::vector<LabelSpec> thread = ThreadLabels(r.thread_name, r.tid);
+  for (ProfileType t : {ProfileType::kCpu, ProfileType::kWall, ProfileType::kLatency}) {
+    PprofBuilder* b = Builder(pp, t);
+    if (b == nullptr) continue;
+    Locations(*b, r.process, r.stacks, &scratch_);
+    std::vector<LabelSpec> labels;
+    if (t == ProfileType::kCpu) {
+      int64_t values[2] = {static_cast<int64_t>(r.count), cpu_ns};
+      b->AddSample(scratch_, values, thread);
+    } else if (t == ProfileType::kWall) {
+      labels.push_back(LabelSpec::Str("state", "running"));
+      labels.insert(labels.end(), thread.begin(), thread.end());
+      int64_t values[1] = {cpu_ns};
+      b->AddSample(scratch_, values, labels);
+    } else {
+      labels.push_back(LabelSpec::Str("parallelism", ParallelismBucket(r.parallelism)));
+      labels.insert(labels.end(), thread.begin(), thread.end());
+      int64_t values[1] = {cpu_ns / static_cast<int64_t>(std::max<uint32_t>(r.parallelism, 1))};
+      b->AddSample(scratch_, values, labels);
+    }
+  }
+}
+
+void ProfileSet::AddOffCpu(const OffCpuRecord& record) {
+  if (record.ns == 0) return;
+  // Switch-out stacks are captured inside the sched_switch program: drop its own frames.
+  OffCpuRecord trimmed;
+  const OffCpuRecord* rp = &record;
+  if (size_t skip = symbolizer_->TracingPrefixLength(record.stacks.kernel_ips); skip > 0) {
+    trimmed = record;
+    trimmed.stacks.kernel_ips.erase(trimmed.stacks.kernel_ips.begin(),
+                                    trimmed.stacks.kernel_ips.begin() + skip);
+    rp = &trimmed;
+  }
+  const OffCpuRecord& r = *rp;
+  PerProcess& pp = ForProcess(r.process, r.tid, r.thread_name);
+  stats_.offcpu_ns += r.ns;
+  std::vector<LabelSpec> labels = {LabelSpec::Str("state", ThreadStateName(r.state))};
+  std::vector<LabelSpec> thread = ThreadLabels(r.thread_name, r.tid);
+  labels.insert(labels.end(), thread.begin(), thread.end());
+  int64_t values[1] = {static_cast<int64_t>(r.ns)};
+  CountStackQuality(r.stacks, r.count);
+  for (ProfileType t : {ProfileType::kOffCpu, ProfileType::kWall}) {
+    PprofBuilder* b = Builder(pp, t);
+    if (b == nullptr) continue;
+    Locations(*b, r.process, r.stacks, &scratch_);
+    b->AddSample(scratch_, values, labels);
+  }
+}
+
+void ProfileSet::AddRuntime(const RuntimeRecord& r) {
+  auto it = per_process_.find(r.process);
+  stats_.exact_cpu_ns += r.ns;
+  if (it == per_process_.end()) {
+    // A process that ran but was not sampled this window: still worth its exact time, but only
+    // in the metric; no profile is made for it.
+    return;
+  }
+  it->second.exact_ns += r.ns;
+}
+
+std::vector<ProcessProfile> ProfileSet::Finish(int64_t t0_unix_ns, int64_t duration_ns) {
+  std::vector<ProcessProfile> out;
+  for (auto& [key, pp] : per_process_) {
+    for (int i = 0; i < kNumProfileTypes; ++i) {
+      auto& b = pp.builders[i];
+      if (b == nullptr) continue;
+      auto type = static_cast<ProfileType>(i);
+      if (!options_.description.empty()) b->AddComment(options_.description);
+      if (type == ProfileType::kCpu && pp.exact_ns > 0) {
+        b->AddComment(absl::StrFormat(
+            "on-CPU time: sampled %d ns, exact from sched_switch %d ns (ratio %.3f)",
+            pp.sampled_ns, pp.exact_ns, static_cast<double>(pp.sampled_ns) / pp.exact_ns));
+      }
+      if (type == ProfileType::kLatency && pp.parallelism_unknown > 0) {
+        b->AddComment(absl::StrFormat(
+            "%d samples were taken before every CPU's task was known (agent attached mid-run): "
+            "their parallelism may be undercounted",
+            pp.parallelism_unknown));
+      }
+      out.push_back(ProcessProfile{key, pp.name, ProfileTypeName(type),
+                                   std::move(*b).Build(t0_unix_ns, duration_ns)});
+    }
+  }
+  per_process_.clear();
+  return out;
+}
+
+}  // namespace parascope

@@ -1,0 +1,118 @@
+// Assembles one window's per-process profiles (SPEC section 2) from drained records:
+// `process_cpu`, `off_cpu`, `wall` and `latency`.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "agent/collect/records.h"
+#include "agent/profile/pprof_builder.h"
+#include "agent/symbolize/stack_symbolizer.h"
+#include "proto/profile.pb.h"
+
+namespace parascope {
+
+// The profile types of SPEC section 2, in a fixed order.
+enum class ProfileType { kCpu = 0, kOffCpu = 1, kWall = 2, kLatency = 3 };
+inline constexpr int kNumProfileTypes = 4;
+// SPEC `__name__`: "process_cpu", "off_cpu", "wall", "latency".
+const char* ProfileTypeName(ProfileType t);
+
+// Which types to build. Parsed from --profiles ("cpu,off_cpu,wall,latency").
+struct ProfileTypes {
+  std::array<bool, kNumProfileTypes> enabled{true, true, true, true};
+  bool has(ProfileType t) const { return enabled[static_cast<int>(t)]; }
+  // Needs sched_switch tracing (parallelism and/or off-CPU intervals).
+  bool needs_sched() const { return has(ProfileType::kOffCpu) || has(ProfileType::kWall) ||
+                                    has(ProfileType::kLatency); }
+  bool needs_offcpu() const { return has(ProfileType::kOffCpu) || has(ProfileType::kWall); }
+};
+// Accepts names "cpu" (or "process_cpu"), "off_cpu", "wall", "latency", comma-separated.
+// InvalidArgument naming the bad item; an empty list is an error.
+absl::StatusOr<ProfileTypes> ParseProfileTypes(absl::string_view list);
+
+// "1".."8", "9-16", "17-32", "33-64", "65+" (SPEC section 2, label `parallelism`).
+std::string ParallelismBucket(uint32_t k);
+
+// A finished profile of one process for one window.
+struct ProcessProfile {
+  proc::ProcessKey process;
+  std::string process_name;  // comm of the process, "" if it could not be read
+  std::string type;          // SPEC `__name__`, e.g. "process_cpu"
+  perftools::profiles::Profile profile;
+};
+
+struct ProfileOptions {
+  // P of SPEC section 2: round(1e9 / frequency) ns.
+  int64_t period_ns = 0;
+  // True when the perf event counts time in ns (cpu-clock): then a sample's cpu value is its
+  // actual period (ps_oncpu_value.period_sum); otherwise (cycles) count * period_ns.
+  bool period_is_ns = true;
+  // Added to each profile as a comment, e.g. "parascope: event=cpu-clock frequency=499Hz".
+  std::string description;
+  // Add `thread_name` (string) and `tid` (numeric) sample labels (local files; SPEC section 3).
+  bool thread_labels = true;
+  ProfileTypes types;
+};
+
+// Counters (monotonic), exported as metrics.
+struct ProfileStats {
+  uint64_t samples = 0;               // on-CPU samples placed in profiles
+  uint64_t samples_parallelism_unknown = 0;
+  uint64_t offcpu_ns = 0;             // off-CPU ns placed in profiles
+  uint64_t user_stack_lost = 0;       // samples/intervals whose user stack was lost ([unknown])
+  uint64_t kernel_stack_lost = 0;
+  uint64_t truncated = 0;             // stacks that hit PS_MAX_STACK_DEPTH ([truncated])
+  uint64_t sampled_cpu_ns = 0;        // sum of cpu values in process_cpu
+  uint64_t exact_cpu_ns = 0;          // sum of on-CPU ns from sched_switch accounting
+};
+
+// Collects records of one window into PprofBuilders per process and type. Not thread-safe.
+class ProfileSet {
+ public:
+  ProfileSet(ProfileOptions options, StackSymbolizer* symbolizer, proc::ProcessTable* processes);
+
+  // cpu (1 sample, P ns), wall (P ns, state=running), latency (P/k ns, parallelism=k).
+  void AddOnCpu(const OnCpuRecord& record);
+  // off_cpu and wall: ns with state.
+  void AddOffCpu(const OffCpuRecord& record);
+  // Exact on-CPU time of a process, shown in its process_cpu comment against the sampled total.
+  void AddRuntime(const RuntimeRecord& record);
+  // Builds every process's profiles for the window [t0_unix_ns, t0_unix_ns + duration_ns) and
+  // resets the set for the next window.
+  std::vector<ProcessProfile> Finish(int64_t t0_unix_ns, int64_t duration_ns);
+
+  const ProfileStats& stats() const { return stats_; }
+
+ private:
+  struct PerProcess {
+    std::array<std::unique_ptr<PprofBuilder>, kNumProfileTypes> builders;
+    std::string name;
+    uint64_t exact_ns = 0;
+    uint64_t sampled_ns = 0;
+    uint64_t parallelism_unknown = 0;
+    bool has_samples = false;
+  };
+  PerProcess& ForProcess(const proc::ProcessKey& key, uint32_t tid, const std::string& comm);
+  PprofBuilder* Builder(PerProcess& pp, ProfileType t);
+  // Location ids of a stack in `b`, with synthetic frames for lost/truncated stacks.
+  void Locations(PprofBuilder& b, const proc::ProcessKey& process, const StackPair& stacks,
+                 std::vector<uint64_t>* out);
+  // Stack-quality counters, once per record (not once per profile type).
+  void CountStackQuality(const StackPair& stacks, uint64_t weight);
+  std::vector<LabelSpec> ThreadLabels(const std::string& thread_name, uint32_t tid) const;
+
+  ProfileOptions options_;
+  StackSymbolizer* symbolizer_;
+  proc::ProcessTable* processes_;
+  ProfileStats stats_;
+  absl::flat_hash_map<proc::ProcessKey, PerProcess> per_process_;
+  std::vector<uint64_t> scratch_;
+};
+
+}  // namespace parascope

@@ -1,0 +1,272 @@
+// SPDX-License-Identifier: GPL-2.0
+/* Scheduler tracing for the off-CPU, wall and latency profiles (SPEC sections 1-2).
+ *
+ * On every sched_switch:
+ *  - prev leaves its CPU: its tgid's running-thread count (parallelism, read by the on-CPU
+ *    sampler) drops, its exact on-CPU time is added to ps_runtime<N>, and its switch-out time,
+ *    state and stacks are stored per tid in ps_threads (a global hash, not per-CPU: threads wake
+ *    on other CPUs);
+ *  - next enters: its count rises and, if it was switched out before, the interval it spent
+ *    off-CPU is added to ps_offcpu<N> under the stack and state captured at switch-out.
+ * Intervals are split at window boundaries: BPF accounts from max(start, window start); the part
+ * before is the daemon's (see struct ps_thread_state in abi.h).
+ * tp_btf is preferred; the raw_tp twin is autoloaded instead on kernels without it (the
+ * libbpf-tools offcputime pattern). */
+#include "vmlinux.h"
+
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "abi.h"
+#include "common.bpf.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* Set before load. */
+const volatile __u32 ps_cfg_offcpu = 1;        /* track off-CPU intervals (off_cpu, wall) */
+const volatile __u64 ps_cfg_min_offcpu_ns = 0; /* --off-cpu-min-duration */
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, PS_THREAD_MAP_ENTRIES);
+  __uint(map_flags, BPF_F_NO_PREALLOC); /* memory only for threads seen switching out */
+  __type(key, __u32);                   /* tid */
+  __type(value, struct ps_thread_state);
+} ps_threads SEC(".maps");
+
+struct ps_offcpu_map {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, PS_OFFCPU_MAP_ENTRIES);
+  __type(key, struct ps_offcpu_key);
+  __type(value, struct ps_offcpu_value);
+};
+struct ps_offcpu_map ps_offcpu0 SEC(".maps");
+struct ps_offcpu_map ps_offcpu1 SEC(".maps");
+
+struct ps_runtime_map {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, PS_RUNTIME_MAP_ENTRIES);
+  __type(key, struct ps_runtime_key);
+  __type(value, __u64); /* on-CPU ns */
+};
+struct ps_runtime_map ps_runtime0 SEC(".maps");
+struct ps_runtime_map ps_runtime1 SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct ps_stack);
+} ps_sched_scratch SEC(".maps");
+
+/* task_struct::state was renamed __state in Linux 5.14 (commit 2f064a59a11f). */
+struct task_struct___pre514 {
+  long state;
+} __attribute__((preserve_access_index));
+
+static __always_inline __u32 ps_task_state(struct task_struct *t) {
+  if (bpf_core_field_exists(t->__state))
+    return BPF_CORE_READ(t, __state);
+  struct task_struct___pre514 *old = (void *)t;
+  return (__u32)BPF_CORE_READ(old, state);
+}
+
+/* Keeps the compiler from reordering the stores around it (x86-64 and arm64 order the
+ * daemon's view through the syscall copy; the fields written before it are complete first). */
+#define ps_barrier() asm volatile("" ::: "memory")
+
+static __always_inline void ps_add_u64(void *map, void *key, __u64 delta, __u32 full_ctr) {
+  __u64 *v = bpf_map_lookup_elem(map, key);
+  if (!v) {
+    __u64 zero = 0;
+    long err = bpf_map_update_elem(map, key, &zero, BPF_NOEXIST);
+    if (err && err != -EEXIST) {
+      ps_count(full_ctr);
+      return;
+    }
+    v = bpf_map_lookup_elem(map, key);
+    if (!v)
+      return;
+  }
+  __sync_fetch_and_add(v, delta);
+}
+
+static __always_inline void ps_add_offcpu(void *map, struct ps_offcpu_key *key, __u64 ns,
+                                          const char *comm) {
+  struct ps_offcpu_value *v = bpf_map_lookup_elem(map, key);
+  if (!v) {
+    struct ps_offcpu_value init = {};
+    __builtin_memcpy(init.comm, comm, sizeof(init.comm));
+    long err = bpf_map_update_elem(map, key, &init, BPF_NOEXIST);
+    if (err && err != -EEXIST) {
+      ps_count(PS_CTR_OFFCPU_MAP_FULL);
+      return;
+    }
+    v = bpf_map_lookup_elem(map, key);
+    if (!v)
+      return;
+  }
+  __sync_fetch_and_add(&v->ns, ns);
+  __sync_fetch_and_add(&v->count, 1);
+}
+
+/* prev is switched out at `now` (runs in prev's context: stacks are prev's). */
+static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, __u32 tid,
+                                          __u32 tgid, int preempt, __u64 now, __u32 buf) {
+  __u32 st = ps_task_state(prev);
+  if (st & PS_TASK_DEAD) {
+    bpf_map_delete_elem(&ps_threads, &tid);
+    return;
+  }
+  struct ps_thread_state *ts = bpf_map_lookup_elem(&ps_threads, &tid);
+  if (!ts) {
+    struct ps_thread_state init = {};
+    long err = bpf_map_update_elem(&ps_threads, &tid, &init, BPF_NOEXIST);
+    if (err && err != -EEXIST) {
+      ps_count(PS_CTR_THREAD_MAP_FULL);
+      return;
+    }
+    ts = bpf_map_lookup_elem(&ps_threads, &tid);
+    if (!ts)
+      return;
+  }
+  __u32 state;
+  if (preempt || st == PS_TASK_RUNNING)
+    state = PS_STATE_RUNNABLE;
+  else if ((st & PS_TASK_UNINTERRUPTIBLE) && !(st & PS_TASK_NOLOAD))
+    state = PS_STATE_UNINTERRUPTIBLE;
+  else
+    state = PS_STATE_SLEEPING; /* interruptible, TASK_IDLE, stopped, traced */
+  void *stacks = buf == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
+  ts->kernel_stack = ps_capture_stack(ctx, &ps_sched_scratch, stacks, 0, &ts->kernel_stack_err);
+  ts->user_stack =
+      ps_capture_stack(ctx, &ps_sched_scratch, stacks, BPF_F_USER_STACK, &ts->user_stack_err);
+  ts->tgid = tgid;
+  ts->tgid_start_ns = BPF_CORE_READ(prev, group_leader, start_boottime);
+  ts->state = state;
+  bpf_get_current_comm(ts->comm, sizeof(ts->comm));
+  ps_barrier();
+  ts->out_ns = now;
+}
+
+/* next is switched in at `now`: account the off-CPU interval it is ending. */
+static __always_inline void ps_switch_in(__u32 tid, __u64 now, __u64 ws, __u32 buf) {
+  struct ps_thread_state *ts = bpf_map_lookup_elem(&ps_threads, &tid);
+  if (!ts || ts->out_ns == 0)
+    return;
+  __u64 out = ts->out_ns;
+  __u64 start = out;
+  __u32 min_ok = now - out >= ps_cfg_min_offcpu_ns;
+  if (out < ws) {
+    /* Crossed the window start: the part before it is the daemon's to attribute. */
+    ts->carry_out_ns = out;
+    ts->carry_user_stack = ts->user_stack;
+    ts->carry_kernel_stack = ts->kernel_stack;
+    ts->carry_user_stack_err = ts->user_stack_err;
+    ts->carry_kernel_stack_err = ts->kernel_stack_err;
+    ts->carry_state = ts->state;
+    ts->carry_min_ok = min_ok;
+    ps_barrier();
+    ts->carry_ws_ns = ws;
+    start = ws;
+  }
+  if (min_ok && now > start) {
+    struct ps_offcpu_key key = {};
+    key.tgid = ts->tgid;
+    key.tid = tid;
+    key.tgid_start_ns = ts->tgid_start_ns;
+    key.user_stack = ts->user_stack;
+    key.kernel_stack = ts->kernel_stack;
+    key.user_stack_err = ts->user_stack_err;
+    key.kernel_stack_err = ts->kernel_stack_err;
+    key.state = ts->state;
+    ps_add_offcpu(buf == 0 ? (void *)&ps_offcpu0 : (void *)&ps_offcpu1, &key, now - start,
+                  ts->comm);
+  }
+  ps_barrier();
+  ts->out_ns = 0;
+}
+
+static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_struct *prev,
+                                        struct task_struct *next) {
+  __u32 zero = 0;
+  struct ps_control *ctl = ps_get_control();
+  struct ps_cpu_state *cs = bpf_map_lookup_elem(&ps_cpu_state, &zero);
+  if (!ctl || !cs)
+    return 0;
+  ps_count(PS_CTR_SWITCHES);
+  /* Control first, then the clock: seeing the new buffer implies now >= its window start. */
+  __u32 buf = ctl->active_buffer;
+  __u64 ws = ctl->window_start_ns;
+  __u64 now = bpf_ktime_get_ns();
+  __u32 prev_tid = BPF_CORE_READ(prev, pid), prev_tgid = BPF_CORE_READ(prev, tgid);
+  __u32 next_tid = BPF_CORE_READ(next, pid), next_tgid = BPF_CORE_READ(next, tgid);
+
+  /* prev leaves. On a CPU not seen since attach, prev was never counted or timed. */
+  int first = ps_cpu_first_seen(cs, ctl);
+  if (!first && cs->counted && cs->tid == prev_tid && prev_tid != 0) {
+    ps_running_add(cs->tgid, -1);
+    __u64 start = cs->in_ns;
+    if (start < ws) {
+      cs->carry_in_ns = start;
+      cs->carry_tgid = cs->tgid;
+      cs->carry_tgid_start_ns = cs->tgid_start_ns;
+      ps_barrier();
+      cs->carry_ws_ns = ws;
+      start = ws;
+    }
+    if (now > start) {
+      struct ps_runtime_key rk = {.tgid = cs->tgid, .tgid_start_ns = cs->tgid_start_ns};
+      ps_add_u64(buf == 0 ? (void *)&ps_runtime0 : (void *)&ps_runtime1, &rk, now - start,
+                 PS_CTR_RUNTIME_MAP_FULL);
+    }
+  }
+  if (ps_cfg_offcpu && prev_tid != 0 && ps_tgid_tracked(prev_tgid))
+    ps_switch_out(ctx, prev, prev_tid, prev_tgid, preempt, now, buf);
+
+  /* next enters. */
+  int counted = next_tid != 0 && ps_tgid_tracked(next_tgid);
+  cs->counted = 0;
+  ps_barrier();
+  cs->tid = next_tid;
+  cs->tgid = next_tgid;
+  cs->tgid_start_ns = counted ? BPF_CORE_READ(next, group_leader, start_boottime) : 0;
+  cs->in_ns = now;
+  ps_barrier();
+  cs->counted = counted;
+  if (counted) {
+    ps_running_add(next_tgid, 1);
+    if (ps_cfg_offcpu)
+      ps_switch_in(next_tid, now, ws, buf);
+  }
+  return 0;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(ps_sched_switch_btf, bool preempt, struct task_struct *prev,
+             struct task_struct *next) {
+  return ps_on_switch(ctx, preempt, prev, next);
+}
+
+SEC("raw_tp/sched_switch")
+int BPF_PROG(ps_sched_switch_raw, bool preempt, struct task_struct *prev,
+             struct task_struct *next) {
+  return ps_on_switch(ctx, preempt, prev, next);
+}
+
+/* Process exit: forget the thread, and the process's parallelism entry once its last thread
+ * exits (signal->live reaches 0 in do_exit before this tracepoint, kernel/exit.c). */
+static __always_inline int ps_on_exit(struct task_struct *task) {
+  __u32 tid = BPF_CORE_READ(task, pid), tgid = BPF_CORE_READ(task, tgid);
+  bpf_map_delete_elem(&ps_threads, &tid);
+  if (BPF_CORE_READ(task, signal, live.counter) == 0)
+    bpf_map_delete_elem(&ps_running, &tgid);
+  return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(ps_process_exit_btf, struct task_struct *task) { return ps_on_exit(task); }
+
+SEC("raw_tp/sched_process_exit")
+int BPF_PROG(ps_process_exit_raw, struct task_struct *task) { return ps_on_exit(task); }

@@ -1,0 +1,484 @@
+// Root end-to-end tests of the scheduler-based profiles (off_cpu, wall, latency; issue: sched_switch
+// tracing): the agent binary against ground-truth workloads in test/workloads/, every profile read
+// back through the real pprof tool. Each workload measures its own truth (thread CPU time from
+// CLOCK_THREAD_CPUTIME_ID, sleep and block times from CLOCK_MONOTONIC, thread lifetimes) over a
+// phase that starts after the agent logged "attached:" and ends before the agent stops.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <regex>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "test/e2e/e2e_util.h"
+
+namespace parascope::testing {
+namespace {
+
+// Parses "key=N" out of the agent's "stopped:" log line.
+uint64_t StoppedStat(const std::string& log, const std::string& key) {
+  std::smatch m;
+  std::regex re("[ (]" + key + "=([0-9]+)");
+  INFO("looking for " << key << "=N in the agent log");
+  REQUIRE(std::regex_search(log, m, re));
+  return std::stoull(m[1]);
+}
+
+bool Has(const std::vector<std::string>& frames, const std::string& fn) {
+  return std::find(frames.begin(), frames.end(), fn) != frames.end();
+}
+
+const std::map<std::string, std::vector<std::string>>& SampleTypes() {
+  static const auto* types = new std::map<std::string, std::vector<std::string>>{
+      {"process_cpu", {"samples/count", "cpu/nanoseconds"}},
+      {"off_cpu", {"off_cpu/nanoseconds"}},
+      {"wall", {"wall/nanoseconds"}},
+      {"latency", {"latency/nanoseconds"}},
+  };
+  return *types;
+}
+
+// One profile file, read with the real pprof.
+struct Window {
+  std::string path;
+  RawProfile p;
+  int64_t t0 = 0;  // unix ns
+};
+
+// Every "<name>-*.pb.gz" file of pid, each read with pprof (acceptance 7: no error, exact sample
+// types, label values from the spec's sets).
+std::vector<Window> Load(const std::string& dir, int pid, const std::string& name) {
+  static const std::set<std::string> kOffStates = {"runnable", "sleeping", "uninterruptible"};
+  static const std::set<std::string> kWallStates = {"running", "runnable", "sleeping",
+                                                    "uninterruptible"};
+  static const std::set<std::string> kParallelism = {"1", "2", "3", "4", "5", "6", "7", "8",
+                                                     "9-16", "17-32", "33-64", "65+"};
+  std::vector<Window> out;
+  for (const std::string& f : ProfileFiles(dir, pid, name + "-")) {
+    Window w;
+    w.path = f;
+    w.p = ReadWithPprof(f);
+    INFO(f);
+    CHECK(w.p.sample_types == SampleTypes().at(name));
+    std::string stem = std::filesystem::path(f).filename();
+    stem = stem.substr(name.size() + 1, stem.size() - name.size() - 1 - strlen(".pb.gz"));
+    int64_t ms = 0;
+    CHECK(absl::SimpleAtoi(stem, &ms));
+    w.t0 = w.p.time_nanos != 0 ? w.p.time_nanos : ms * 1000000;
+    CHECK(std::llabs(w.t0 / 1000000 - ms) <= 1);
+    for (const auto& s : w.p.samples) {
+      if (name == "off_cpu") {
+        CHECK(kOffStates.count(s.labels.count("state") ? s.labels.at("state") : "") == 1);
+      } else if (name == "wall") {
+        CHECK(kWallStates.count(s.labels.count("state") ? s.labels.at("state") : "") == 1);
+      } else if (name == "latency") {
+        CHECK(kParallelism.count(s.labels.count("parallelism") ? s.labels.at("parallelism") : "") ==
+              1);
+      }
+    }
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+using Pred = std::function<bool(const RawProfile&, const RawProfile::Sample&)>;
+
+// Sum of value `type` over the samples of one profile that satisfy pred.
+int64_t SumOf(const RawProfile& p, const std::string& type, const Pred& pred) {
+  int vi = p.ValueIndex(type);
+  REQUIRE(vi >= 0);
+  int64_t t = 0;
+  for (const auto& s : p.samples) {
+    if (pred(p, s)) t += s.values.at(vi);
+  }
+  return t;
+}
+
+int64_t SumOf(const std::vector<Window>& ws, const std::string& type, const Pred& pred) {
+  int64_t t = 0;
+  for (const auto& w : ws) t += SumOf(w.p, type, pred);
+  return t;
+}
+
+std::string Label(const RawProfile::Sample& s, const std::string& key) {
+  auto it = s.labels.find(key);
+  return it == s.labels.end() ? "" : it->second;
+}
+
+Pred TidIs(int64_t tid) {
+  std::string t = std::to_string(tid);
+  return [t](const RawProfile&, const RawProfile::Sample& s) { return Label(s, "tid") == t; };
+}
+
+Pred And(Pred a, Pred b) {
+  return [a, b](const RawProfile& p, const RawProfile::Sample& s) { return a(p, s) && b(p, s); };
+}
+
+Pred InFunction(const std::string& fn) {
+  return [fn](const RawProfile& p, const RawProfile::Sample& s) { return Has(p.Frames(s), fn); };
+}
+
+Pred LabelIs(const std::string& key, const std::string& value) {
+  return [key, value](const RawProfile&, const RawProfile::Sample& s) {
+    return Label(s, key) == value;
+  };
+}
+
+Pred All() {
+  return [](const RawProfile&, const RawProfile::Sample&) { return true; };
+}
+
+// A workload run under the agent: the workload prints "ready <pid>", the agent starts with
+// --pid=<pid> --output-dir=<dir> plus agent_args, the workload's phase starts once the agent
+// logged "attached:" and must end (its "done ..." line) while the agent still runs.
+struct Session {
+  std::unique_ptr<Child> work;
+  int pid = 0;
+  std::map<std::string, std::string> done;
+  std::string agent_log;
+
+  int64_t Done(const std::string& key) const {
+    auto it = done.find(key);
+    INFO("workload done line lacks " << key);
+    REQUIRE(it != done.end());
+    int64_t v = 0;
+    REQUIRE(absl::SimpleAtoi(it->second, &v));
+    return v;
+  }
+};
+
+void RunSession(Session* s, const std::vector<std::string>& workload,
+                const std::vector<std::string>& agent_args, const std::string& out_dir,
+                int phase_timeout_s, const std::vector<std::string>& agent_prefix = {}) {
+  s->work = std::make_unique<Child>(workload);
+  std::string line;
+  REQUIRE(s->work->ReadStdoutLine(&line));
+  REQUIRE(absl::StartsWith(line, "ready "));
+  s->pid = std::stoi(line.substr(6));
+
+  std::vector<std::string> argv = agent_prefix;
+  argv.push_back(PS_AGENT_BIN);
+  argv.push_back(absl::StrCat("--pid=", s->pid));
+  argv.push_back("--output-dir=" + out_dir);
+  argv.insert(argv.end(), agent_args.begin(), agent_args.end());
+  Child agent(argv);
+  INFO("agent: " << absl::StrJoin(argv, " "));
+  bool attached = agent.WaitForStderr("attached:", &line);
+  INFO("agent stderr so far:\n" << agent.stderr_text());
+  REQUIRE(attached);
+  s->work->WriteStdin("go\n");
+  bool done = s->work->ReadStdoutLine(&line, phase_timeout_s);
+  INFO("workload stdout: " << s->work->stdout_text());
+  REQUIRE(done);
+  REQUIRE(absl::StartsWith(line, "done "));
+  s->done = KeyValues(line);
+  // The ground truth is only comparable if the whole measured phase lay inside the agent's run.
+  bool agent_ran_through_phase = agent.Running();
+  int status = agent.Wait(120);
+  s->agent_log = agent.stderr_text();
+  INFO("agent stderr:\n" << s->agent_log);
+  REQUIRE(agent_ran_through_phase);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+}
+
+double Ratio(int64_t a, int64_t b) { return b == 0 ? 0.0 : double(a) / double(b); }
+
+std::string Ms(int64_t ns) { return absl::StrCat(ns / 1000000.0, "ms"); }
+
+}  // namespace
+
+// Acceptance 1 (and 7): off-CPU shares by function, state, and the exact off-CPU total.
+TEST_CASE("sched e2e: off-CPU splits 3:1 between sleep_30ms and pipe_wait_10ms and sums to the "
+          "thread's off-CPU time",
+          "[root][e2e]") {
+  if (!RequireRoot()) return;
+  TempDir out;
+  Session s;
+  RunSession(&s, {std::string(PS_WORKLOAD_DIR) + "/offcpu_mix", "4"},
+             {"--profiles=off_cpu,wall", "--duration=6s"}, out.path(), 30);
+  const int64_t tid = s.Done("tid");
+  const int64_t life = s.Done("life_ns"), cpu = s.Done("cpu_ns");
+  const int64_t measured_wait = s.Done("sleep_ns") + s.Done("block_ns");
+
+  // Only the requested profile types were written.
+  CHECK(ProfileFiles(out.path(), 0, "process_cpu-").empty());
+  CHECK(ProfileFiles(out.path(), 0, "latency-").empty());
+  std::vector<Window> off = Load(out.path(), s.pid, "off_cpu");
+  std::vector<Window> wall = Load(out.path(), s.pid, "wall");
+  REQUIRE(!off.empty());
+  REQUIRE(!wall.empty());
+  CHECK(ProfileFiles(out.path(), 0, "").size() == off.size() + wall.size());
+
+  Pred me = TidIs(tid);
+  int64_t total = SumOf(off, "off_cpu", me);
+  int64_t in_sleep = SumOf(off, "off_cpu", And(me, InFunction("sleep_30ms")));
+  int64_t in_pipe = SumOf(off, "off_cpu", And(me, InFunction("pipe_wait_10ms")));
+  int64_t sleep_sleeping =
+      SumOf(off, "off_cpu", And(And(me, InFunction("sleep_30ms")), LabelIs("state", "sleeping")));
+  int64_t pipe_sleeping = SumOf(
+      off, "off_cpu", And(And(me, InFunction("pipe_wait_10ms")), LabelIs("state", "sleeping")));
+  // The stack is the one at the switch: kernel frames (the scheduler) above the user frames.
+  int64_t in_sleep_with_sched = SumOf(
+      off, "off_cpu",
+      And(And(me, InFunction("sleep_30ms")), [](const RawProfile& p, const RawProfile::Sample& x) {
+        if (x.location_ids.empty() || !p.IsKernelFrame(x.location_ids[0])) return false;
+        for (const auto& fn : p.Frames(x)) {
+          if (absl::StrContains(fn, "schedule")) return true;
+        }
+        return false;
+      }));
+  int64_t wall_total = SumOf(wall, "wall", me);
+  int64_t wall_running = SumOf(wall, "wall", And(me, LabelIs("state", "running")));
+  int64_t wall_sleeping = SumOf(wall, "wall", And(me, LabelIs("state", "sleeping")));
+
+  INFO("tid " << tid << ": off-CPU total " << Ms(total) << " (truth life-cpu "
+              << Ms(life - cpu) << ", sleep+block " << Ms(measured_wait) << "), sleep_30ms "
+              << Ms(in_sleep) << " share " << Ratio(in_sleep, total) << " sleeping "
+              << Ratio(sleep_sleeping, in_sleep) << " with scheduler frames "
+              << Ratio(in_sleep_with_sched, in_sleep) << ", pipe_wait_10ms " << Ms(in_pipe)
+              << " share " << Ratio(in_pipe, total) << " sleeping "
+              << Ratio(pipe_sleeping, in_pipe) << "; wall " << Ms(wall_total) << " (life "
+              << Ms(life) << ", running " << Ms(wall_running) << ", sleeping "
+              << Ms(wall_sleeping) << ")");
+  REQUIRE(total > 0);
+  CHECK(Ratio(in_sleep, total) == Approx(0.75).margin(0.05));
+  CHECK(Ratio(in_pipe, total) == Approx(0.25).margin(0.05));
+  CHECK(Ratio(sleep_sleeping, in_sleep) >= 0.95);
+  CHECK(Ratio(pipe_sleeping, in_pipe) >= 0.95);
+  CHECK(Ratio(in_sleep_with_sched, in_sleep) >= 0.95);
+  CHECK(Ratio(total, life - cpu) == Approx(1.0).margin(0.05));
+  CHECK(Ratio(in_sleep + in_pipe, measured_wait) == Approx(1.0).margin(0.05));
+  // The thread lived inside the one window: its wall total is its lifetime, nearly all asleep.
+  CHECK(Ratio(wall_total, life) == Approx(1.0).margin(0.05));
+  CHECK(Ratio(wall_sleeping, life - cpu) == Approx(1.0).margin(0.05));
+  s.work->CloseStdin();
+  CHECK(s.work->Wait(10) == 0);
+}
+
+// Acceptance 2 (and 7): CPU vs latency shares, parallelism labels; default --profiles.
+TEST_CASE("sched e2e: latency weighs serial_work and parallel_work 1:1 where CPU says 1:2",
+          "[root][e2e]") {
+  if (!RequireRoot()) return;
+  TempDir out;
+  Session s;
+  RunSession(&s, {std::string(PS_WORKLOAD_DIR) + "/serial_parallel", "4"},
+             {"--sampling-frequency=499", "--duration=6s"}, out.path(), 30);
+  std::vector<Window> cpu = Load(out.path(), s.pid, "process_cpu");
+  std::vector<Window> lat = Load(out.path(), s.pid, "latency");
+  // The default --profiles writes all four types.
+  std::vector<Window> off = Load(out.path(), s.pid, "off_cpu");
+  std::vector<Window> wall = Load(out.path(), s.pid, "wall");
+  REQUIRE(!cpu.empty());
+  REQUIRE(!lat.empty());
+  CHECK(!off.empty());
+  CHECK(!wall.empty());
+  for (const auto& w : cpu) CHECK(w.p.period == 2004008);  // round(1e9 / 499)
+
+  int64_t cpu_total = SumOf(cpu, "cpu", All());
+  int64_t cpu_serial = SumOf(cpu, "cpu", InFunction("serial_work"));
+  int64_t cpu_parallel = SumOf(cpu, "cpu", InFunction("parallel_work"));
+  int64_t lat_total = SumOf(lat, "latency", All());
+  int64_t lat_serial = SumOf(lat, "latency", InFunction("serial_work"));
+  int64_t lat_parallel = SumOf(lat, "latency", InFunction("parallel_work"));
+  int64_t lat_serial_at1 =
+      SumOf(lat, "latency", And(InFunction("serial_work"), LabelIs("parallelism", "1")));
+  int64_t lat_parallel_at2 =
+      SumOf(lat, "latency", And(InFunction("parallel_work"), LabelIs("parallelism", "2")));
+  const int64_t truth_cpu = s.Done("serial_cpu_ns") + s.Done("parallel_cpu_ns");
+  const int64_t truth_busy_wall = s.Done("serial_wall_ns") + s.Done("parallel_wall_ns");
+
+  INFO("cpu total " << Ms(cpu_total) << " (workload " << Ms(truth_cpu) << "): serial_work "
+                    << Ratio(cpu_serial, cpu_total) << " parallel_work "
+                    << Ratio(cpu_parallel, cpu_total) << "; latency total " << Ms(lat_total)
+                    << " (busy wall " << Ms(truth_busy_wall) << "): serial_work "
+                    << Ratio(lat_serial, lat_total) << " (at 1: "
+                    << Ratio(lat_serial_at1, lat_serial) << ") parallel_work "
+                    << Ratio(lat_parallel, lat_total) << " (at 2: "
+                    << Ratio(lat_parallel_at2, lat_parallel)
+                    << "); mean parallelism " << Ratio(cpu_total, lat_total));
+  REQUIRE(cpu_total > 0);
+  REQUIRE(lat_total > 0);
+  CHECK(Ratio(cpu_serial, cpu_total) == Approx(1.0 / 3).margin(0.07));
+  CHECK(Ratio(cpu_parallel, cpu_total) == Approx(2.0 / 3).margin(0.07));
+  CHECK(Ratio(lat_serial, lat_total) == Approx(0.5).margin(0.07));
+  CHECK(Ratio(lat_parallel, lat_total) == Approx(0.5).margin(0.07));
+  CHECK(Ratio(lat_serial_at1, lat_serial) >= 0.90);
+  CHECK(Ratio(lat_parallel_at2, lat_parallel) >= 0.90);
+  // Spec invariants: sum(latency) is the wall time with at least one thread on a CPU, and the
+  // CPU total is the workload's own (sampling error at 499 Hz over 4 s is about 2%).
+  CHECK(Ratio(lat_total, truth_busy_wall) == Approx(1.0).margin(0.10));
+  CHECK(Ratio(cpu_total, truth_cpu) == Approx(1.0).margin(0.10));
+  s.work->CloseStdin();
+  CHECK(s.work->Wait(10) == 0);
+}
+
+// Acceptance 3 (and 7): per thread, a whole window of wall time adds up to the window length.
+TEST_CASE("sched e2e: wall time of a thread alive for a whole window equals the window length",
+          "[root][e2e]") {
+  if (!RequireRoot()) return;
+  TempDir out;
+  Session s;
+  const int64_t kWindow = 2000000000;
+  RunSession(&s, {std::string(PS_WORKLOAD_DIR) + "/offcpu_mix", "7"},
+             {"--profiles=wall", "--collect-interval=2s", "--duration=10s"}, out.path(), 30);
+  std::vector<Window> wall = Load(out.path(), s.pid, "wall");
+  REQUIRE(wall.size() >= 4);
+  CHECK(ProfileFiles(out.path(), 0, "").size() == wall.size());
+
+  struct Thread {
+    std::string name;
+    int64_t tid, start, end;  // unix ns; the agent saw the thread run from `start` on
+  };
+  // The main thread blocked in read(2) since before the agent attached; from the measured phase
+  // on (it created the other two threads) the agent has seen it switch.
+  const std::vector<Thread> threads = {
+      {"measured", s.Done("tid"), s.Done("start_unix_ns"), s.Done("end_unix_ns")},
+      {"helper", s.Done("helper_tid"), s.Done("helper_start_unix_ns"),
+       s.Done("helper_end_unix_ns")},
+      {"main", s.Done("main_tid"), s.Done("helper_start_unix_ns"), INT64_MAX},
+  };
+  for (const Thread& t : threads) {
+    int checked = 0;
+    int64_t sum_all = 0;
+    for (const Window& w : wall) {
+      int64_t v = SumOf(w.p, "wall", TidIs(t.tid));
+      sum_all += v;
+      INFO(t.name << " tid " << t.tid << " window " << w.path << " t0 " << w.t0 << " duration "
+                  << w.p.duration_text << " thread [" << t.start << ", " << t.end
+                  << "): wall " << Ms(v));
+      // Nothing is attributed twice: no window holds more than its length for one thread.
+      if (w.p.duration_nanos > 0) CHECK(v <= w.p.duration_nanos * 105 / 100);
+      if (w.p.duration_nanos != kWindow) continue;  // a partial (or unparsable) window
+      if (w.t0 < t.start || w.t0 + w.p.duration_nanos > t.end) continue;
+      ++checked;
+      CHECK(Ratio(v, w.p.duration_nanos) == Approx(1.0).margin(0.05));
+    }
+    INFO(t.name << " tid " << t.tid << ": " << checked << " whole windows checked, wall over all "
+                << "windows " << Ms(sum_all) << ", lifetime "
+                << (t.end == INT64_MAX ? std::string("-") : Ms(t.end - t.start)));
+    CHECK(checked >= (t.name == "main" ? 2 : 1));
+    // Split at window boundaries, nothing lost: the measured and helper threads' wall totals over
+    // all windows are their lifetimes.
+    if (t.end != INT64_MAX) CHECK(Ratio(sum_all, t.end - t.start) == Approx(1.0).margin(0.05));
+  }
+  s.work->CloseStdin();
+  CHECK(s.work->Wait(10) == 0);
+}
+
+// Acceptance 4 (and 7): two threads sharing one CPU wait runnable about as long as they run.
+TEST_CASE("sched e2e: run-queue delay of two threads pinned to one CPU matches their CPU time",
+          "[root][e2e]") {
+  if (!RequireRoot()) return;
+  TempDir out;
+  Session s;
+  // The agent's own user-space work runs on CPU 1, away from the pair on CPU 0.
+  RunSession(&s, {std::string(PS_WORKLOAD_DIR) + "/pinned_pair", "4"},
+             {"--profiles=off_cpu,cpu", "--duration=6s", "--sampling-frequency=99"}, out.path(),
+             30, {"/usr/bin/taskset", "-c", "1"});
+  std::vector<Window> off = Load(out.path(), s.pid, "off_cpu");
+  std::vector<Window> cpu = Load(out.path(), s.pid, "process_cpu");
+  REQUIRE(!off.empty());
+  CHECK(!cpu.empty());
+  for (int i : {1, 2}) {
+    const int64_t tid = s.Done(absl::StrCat("tid", i));
+    const int64_t truth_cpu = s.Done(absl::StrCat("cpu", i, "_ns"));
+    const int64_t truth_wait = s.Done(absl::StrCat("wait", i, "_ns"));  // schedstat, -1: n/a
+    Pred me = TidIs(tid);
+    int64_t runnable = SumOf(off, "off_cpu", And(me, LabelIs("state", "runnable")));
+    int64_t runnable_in_spin =
+        SumOf(off, "off_cpu", And(And(me, LabelIs("state", "runnable")), InFunction("spin_pinned")));
+    int64_t other = SumOf(off, "off_cpu", me) - runnable;
+    int64_t sampled_cpu = SumOf(cpu, "cpu", me);
+    INFO("thread " << i << " tid " << tid << ": runnable " << Ms(runnable) << " (in spin_pinned "
+                   << Ratio(runnable_in_spin, runnable) << "), other off-CPU " << Ms(other)
+                   << "; cpu " << Ms(truth_cpu) << " (profile " << Ms(sampled_cpu)
+                   << "), schedstat run-queue wait " << Ms(truth_wait));
+    REQUIRE(runnable > 0);
+    CHECK(Ratio(runnable, truth_cpu) == Approx(1.0).margin(0.15));
+    if (truth_wait >= 0) CHECK(Ratio(runnable, truth_wait) == Approx(1.0).margin(0.15));
+    CHECK(Ratio(runnable_in_spin, runnable) >= 0.90);
+  }
+  s.work->CloseStdin();
+  CHECK(s.work->Wait(10) == 0);
+}
+
+// Acceptance 5 (and 7): a sleep that ends on another CPU is measured once, at its true length.
+TEST_CASE("sched e2e: sleeps that wake on another CPU are counted at their length", "[root][e2e]") {
+  if (!RequireRoot()) return;
+  TempDir out;
+  Session s;
+  RunSession(&s, {std::string(PS_WORKLOAD_DIR) + "/migrate_sleeper", "60"},
+             {"--profiles=off_cpu", "--duration=6s"}, out.path(), 30);
+  const int64_t tid = s.Done("tid"), rounds = s.Done("rounds");
+  const int64_t slept = s.Done("sleep_ns"), life = s.Done("life_ns"), cpu = s.Done("cpu_ns");
+  // The premise: the sleeper woke on the CPU it was moved to.
+  CHECK(s.Done("migrated") >= rounds * 9 / 10);
+  std::vector<Window> off = Load(out.path(), s.pid, "off_cpu");
+  REQUIRE(!off.empty());
+  Pred me = TidIs(tid);
+  int64_t sleeping = SumOf(off, "off_cpu", And(me, LabelIs("state", "sleeping")));
+  int64_t sleeping_in_fn =
+      SumOf(off, "off_cpu", And(And(me, LabelIs("state", "sleeping")), InFunction("sleep_50ms")));
+  int64_t total = SumOf(off, "off_cpu", me);
+  int64_t largest = 0;
+  for (const auto& w : off) {
+    int vi = w.p.ValueIndex("off_cpu");
+    for (const auto& x : w.p.samples) {
+      if (me(w.p, x)) largest = std::max(largest, x.values[vi]);
+    }
+  }
+  INFO("tid " << tid << ": sleeping " << Ms(sleeping) << " (in sleep_50ms "
+              << Ratio(sleeping_in_fn, sleeping) << ") vs slept " << Ms(slept) << " over "
+              << rounds << " rounds (migrated " << s.Done("migrated") << "); all off-CPU "
+              << Ms(total) << " vs life-cpu " << Ms(life - cpu) << "; largest sample "
+              << Ms(largest));
+  REQUIRE(sleeping > 0);
+  CHECK(Ratio(sleeping, slept) == Approx(1.0).margin(0.05));
+  CHECK(Ratio(sleeping_in_fn, sleeping) >= 0.95);
+  // Not inflated: all of the thread's off-CPU time fits in its off-CPU lifetime, and no stack
+  // holds more than the thread ever slept.
+  CHECK(Ratio(total, life - cpu) <= 1.05);
+  CHECK(largest <= slept * 105 / 100);
+  s.work->CloseStdin();
+  CHECK(s.work->Wait(10) == 0);
+}
+
+// Acceptance 6 (and 7): per-thread BPF state is freed when threads exit.
+TEST_CASE("sched e2e: thread churn leaves no per-thread state behind", "[root][e2e]") {
+  if (!RequireRoot()) return;
+  TempDir out;
+  Session s;
+  RunSession(&s, {std::string(PS_WORKLOAD_DIR) + "/thread_churn", "60"},
+             {"--duration=64s", "--collect-interval=5s"}, out.path(), 90);
+  const int64_t threads = s.Done("threads");
+  uint64_t states = StoppedStat(s.agent_log, "thread_states");
+  uint64_t states_max = StoppedStat(s.agent_log, "thread_states_max");
+  uint64_t map_full = StoppedStat(s.agent_log, "thread_map_full");
+  INFO("threads created " << threads << "; thread_states=" << states
+                          << " thread_states_max=" << states_max
+                          << " thread_map_full=" << map_full);
+  CHECK(threads >= 11000);  // about 200 a second
+  CHECK(states <= 16);
+  CHECK(states_max <= 500);
+  CHECK(map_full == 0);
+  size_t files = 0;
+  for (const char* name : {"process_cpu", "off_cpu", "wall", "latency"}) {
+    std::vector<Window> ws = Load(out.path(), s.pid, name);
+    INFO(name);
+    CHECK(!ws.empty());
+    files += ws.size();
+  }
+  CHECK(ProfileFiles(out.path(), 0, "").size() == files);
+  s.work->CloseStdin();
+  CHECK(s.work->Wait(10) == 0);
+}
+
+}  // namespace parascope::testing
