@@ -56,29 +56,6 @@ void RunSummary::Add(const ProcessProfile& p) {
 
 namespace {
 
-std::vector<std::pair<std::string, int64_t>> Top(
-    const absl::flat_hash_map<std::string, int64_t>& m, int n) {
-  std::vector<std::pair<std::string, int64_t>> v(m.begin(), m.end());
-  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
-    return a.second != b.second ? a.second > b.second : a.first < b.first;
-  });
-  if (static_cast<int>(v.size()) > n) v.resize(n);
-  return v;
-}
-
-std::string Cell(const std::vector<std::pair<std::string, int64_t>>& top, size_t i,
-                 const absl::flat_hash_map<std::string, int64_t>& inclusive, int64_t total,
-                 size_t width) {
-  if (i >= top.size() || total <= 0) return std::string(width, ' ');
-  auto inc = inclusive.find(top[i].first);
-  std::string name = top[i].first;
-  size_t name_width = width - 16;
-  if (name.size() > name_width) name = name.substr(0, name_width - 1) + "~";
-  return absl::StrFormat("%6.1f%% %6.1f%%  %-*s", 100.0 * top[i].second / total,
-                         100.0 * (inc == inclusive.end() ? 0 : inc->second) / total,
-                         static_cast<int>(name_width), name);
-}
-
 int BucketOrder(const std::string& b) {
   int lo = 0;
   absl::SimpleAtoi(b.substr(0, b.find_first_of("-+")), &lo);
@@ -96,7 +73,6 @@ void RunSummary::Print(std::ostream& os, int max_processes, int max_functions) c
     os << "no samples\n";
     return;
   }
-  constexpr size_t kWidth = 48;
   for (int i = 0; i < max_processes && i < static_cast<int>(procs.size()); ++i) {
     const Process& p = *procs[i];
     os << absl::StrFormat("\n%-7d %-16s %8.3f s CPU (%.1f%% of all samples)", p.tgid,
@@ -109,18 +85,44 @@ void RunSummary::Print(std::ostream& os, int max_processes, int max_functions) c
                             static_cast<double>(p.cpu.total) / p.latency.total);
     }
     os << "\n";
-    auto cpu_top = Top(p.cpu.self, max_functions);
-    auto lat_top = Top(p.latency.self, max_functions);
-    os << absl::StrFormat("    %-*s", static_cast<int>(kWidth), "CPU: self% total% function");
-    if (has_latency) os << "  | latency: self% total% function";
-    os << "\n";
-    size_t rows = std::max(cpu_top.size(), has_latency ? lat_top.size() : 0);
-    for (size_t r = 0; r < rows; ++r) {
-      os << "    " << Cell(cpu_top, r, p.cpu.inclusive, p.cpu.total, kWidth);
+    // One row per function, CPU and latency side by side, ranked by the larger inclusive share;
+    // frames on (nearly) every stack, such as main, say nothing and are left out.
+    struct Row {
+      std::string name;
+      double cpu_self, cpu_total, lat_self, lat_total;
+    };
+    auto share = [](const absl::flat_hash_map<std::string, int64_t>& m, const std::string& k,
+                    int64_t total) {
+      auto it = m.find(k);
+      return it == m.end() || total <= 0 ? 0.0 : 100.0 * it->second / total;
+    };
+    std::vector<Row> rows;
+    absl::flat_hash_set<std::string> names;
+    for (const auto& [n, v] : p.cpu.inclusive) names.insert(n);
+    for (const auto& [n, v] : p.latency.inclusive) names.insert(n);
+    for (const std::string& n : names) {
+      Row r{n, share(p.cpu.self, n, p.cpu.total), share(p.cpu.inclusive, n, p.cpu.total),
+            share(p.latency.self, n, p.latency.total),
+            share(p.latency.inclusive, n, p.latency.total)};
+      bool everywhere = r.cpu_total >= 99.5 && (!has_latency || r.lat_total >= 99.5);
+      bool leaf = r.cpu_self > 0 || r.lat_self > 0;
+      if (!everywhere || leaf) rows.push_back(r);
+    }
+    std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+      double ka = std::max(a.cpu_total, a.lat_total), kb = std::max(b.cpu_total, b.lat_total);
+      return ka != kb ? ka > kb : a.name < b.name;
+    });
+    if (static_cast<int>(rows.size()) > max_functions) rows.resize(max_functions);
+    os << (has_latency ? "      cpu self%  total%   latency self%  total%   function\n"
+                       : "      cpu self%  total%   function\n");
+    for (const Row& r : rows) {
+      std::string name = r.name.size() > 70 ? r.name.substr(0, 69) + "~" : r.name;
       if (has_latency) {
-        os << "  | " << Cell(lat_top, r, p.latency.inclusive, p.latency.total, kWidth);
+        os << absl::StrFormat("        %6.1f%% %6.1f%%         %6.1f%% %6.1f%%   %s\n",
+                              r.cpu_self, r.cpu_total, r.lat_self, r.lat_total, name);
+      } else {
+        os << absl::StrFormat("        %6.1f%% %6.1f%%   %s\n", r.cpu_self, r.cpu_total, name);
       }
-      os << "\n";
     }
     if (has_latency && !p.parallelism.empty()) {
       std::vector<std::pair<std::string, int64_t>> buckets(p.parallelism.begin(),

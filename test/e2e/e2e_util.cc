@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -261,6 +262,49 @@ void ParseLabelLine(absl::string_view t, std::map<std::string, std::string>* lab
   }
 }
 
+// time_nanos (field 9) and duration_nanos (field 10) of a gzipped pprof Profile, read straight
+// from the top-level protobuf fields. False if the file cannot be read or parsed.
+bool ReadProfileTimes(const std::string& path, int64_t* time_nanos, int64_t* duration_nanos) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  std::string data;
+  char buf[65536];
+  int n;
+  while ((n = gzread(f, buf, sizeof(buf))) > 0) data.append(buf, n);
+  gzclose(f);
+  if (n < 0) return false;
+  size_t i = 0;
+  auto varint = [&](uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; shift < 64 && i < data.size(); shift += 7) {
+      uint8_t b = static_cast<uint8_t>(data[i++]);
+      *v |= uint64_t(b & 0x7f) << shift;
+      if (!(b & 0x80)) return true;
+    }
+    return false;
+  };
+  *time_nanos = *duration_nanos = 0;
+  while (i < data.size()) {
+    uint64_t tag, v;
+    if (!varint(&tag)) return false;
+    switch (tag & 7) {
+      case 0:
+        if (!varint(&v)) return false;
+        if (tag >> 3 == 9) *time_nanos = static_cast<int64_t>(v);
+        if (tag >> 3 == 10) *duration_nanos = static_cast<int64_t>(v);
+        break;
+      case 1: i += 8; break;
+      case 2:
+        if (!varint(&v) || v > data.size() - i) return false;
+        i += v;
+        break;
+      case 5: i += 4; break;
+      default: return false;
+    }
+  }
+  return i == data.size();
+}
+
 }  // namespace
 
 int64_t ParseGoDuration(const std::string& text) {
@@ -391,6 +435,15 @@ RawProfile ReadWithPprof(const std::string& path) {
       }
     }
   }
+  // pprof cut the duration short: take both times from the file, consistent with pprof's text.
+  int64_t time_nanos = 0, duration_nanos = 0;
+  REQUIRE(ReadProfileTimes(path, &time_nanos, &duration_nanos));
+  INFO("pprof printed Duration: " << p.duration_text << ", the file holds " << duration_nanos
+                                  << " ns; Time: " << p.time_nanos << ", the file " << time_nanos);
+  CHECK(p.time_nanos == time_nanos);
+  if (p.duration_nanos != 0) CHECK(p.duration_nanos == duration_nanos);
+  p.time_nanos = time_nanos;
+  p.duration_nanos = duration_nanos;
   return p;
 }
 

@@ -67,10 +67,12 @@ struct RawProfile {
   std::vector<std::string> sample_types;  // e.g. "samples/count", "cpu/nanoseconds"
   std::string period_type;
   int64_t period = 0;
-  int64_t time_nanos = 0;      // from "Time: ..." (0 if absent)
-  // From "Duration: ...". pprof prints it with %.4v, which cuts the Go duration string to four
-  // characters ("2s", "15s", "1m0s" survive; "3.0012s" becomes "3.00"): 0 when the text was cut,
-  // so the exact value is unknown. duration_text keeps what pprof printed.
+  // time_nanos and duration_nanos (0 if absent). pprof -raw prints "Time:" in full but
+  // "Duration:" with %.4v, which cuts the Go duration string to four characters ("2s" and "1m0s"
+  // survive, "2.000729s" becomes "2.00"), so ReadWithPprof takes the exact values from fields 9
+  // and 10 of the file itself and checks them against what pprof printed. duration_text keeps
+  // pprof's text.
+  int64_t time_nanos = 0;
   int64_t duration_nanos = 0;
   std::string duration_text;
   std::vector<Sample> samples;

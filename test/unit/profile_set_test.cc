@@ -4,6 +4,7 @@
 
 #include "agent/proc/read_file.h"
 #include "agent/proc/stat.h"
+#include <map>
 #include "bpf/abi.h"
 
 // Functions of this test binary (a PIE) that the symbolizer must name through /proc/self.
@@ -158,6 +159,127 @@ TEST_CASE("ProfileSet marks lost and truncated stacks and keeps unsymbolized fra
   CHECK(set.stats().truncated == 1);
   CHECK(symbolizer.stats().no_elf == PS_MAX_STACK_DEPTH);
   CHECK(set.stats().samples == 3);
+}
+
+}  // namespace parascope
+
+namespace parascope {
+
+TEST_CASE("ParallelismBucket follows SPEC's label values", "[profile]") {
+  CHECK(ParallelismBucket(0) == "1");
+  CHECK(ParallelismBucket(1) == "1");
+  CHECK(ParallelismBucket(8) == "8");
+  CHECK(ParallelismBucket(9) == "9-16");
+  CHECK(ParallelismBucket(16) == "9-16");
+  CHECK(ParallelismBucket(17) == "17-32");
+  CHECK(ParallelismBucket(64) == "33-64");
+  CHECK(ParallelismBucket(65) == "65+");
+}
+
+TEST_CASE("ParseProfileTypes", "[profile]") {
+  auto t = ParseProfileTypes("cpu,latency");
+  REQUIRE(t.ok());
+  CHECK(t->has(ProfileType::kCpu));
+  CHECK(t->has(ProfileType::kLatency));
+  CHECK(!t->has(ProfileType::kOffCpu));
+  CHECK(t->needs_sched());
+  CHECK(!t->needs_offcpu());
+  CHECK(!ParseProfileTypes("cpu,bogus").ok());
+  CHECK(!ParseProfileTypes("").ok());
+  CHECK(!ParseProfileTypes("cpu")->needs_sched());
+}
+
+TEST_CASE("ProfileSet builds off_cpu wall and latency with SPEC's types and labels",
+          "[profile]") {
+  proc::ProcessTable processes(std::string(PS_FIXTURE_DIR) + "/proc/root");
+  symbolize::ElfCache elfs;
+  StackSymbolizer symbolizer(&processes, &elfs, nullptr);
+  ProfileOptions opts;
+  opts.period_ns = 1000000;
+  opts.period_is_ns = true;
+  ProfileSet set(opts, &symbolizer, &processes);
+  proc::ProcessKey key{4242, proc::TicksToNs(123456)};
+
+  OnCpuRecord on;
+  on.process = key;
+  on.tid = 4243;
+  on.thread_name = "worker";
+  on.stacks.user_ips = {0x55d4c8a3f010};
+  on.parallelism = 2;
+  on.count = 3;
+  on.period_sum = 3000000;
+  set.AddOnCpu(on);
+  on.parallelism = 1;
+  on.parallelism_unknown = true;
+  on.count = 1;
+  on.period_sum = 1000000;
+  set.AddOnCpu(on);
+
+  OffCpuRecord off;
+  off.process = key;
+  off.tid = 4243;
+  off.thread_name = "worker";
+  off.stacks.user_ips = {0x55d4c8a3f020};
+  off.state = PS_STATE_SLEEPING;
+  off.ns = 5000000;
+  off.count = 2;
+  set.AddOffCpu(off);
+  set.AddRuntime({key, 4100000});
+
+  auto out = set.Finish(0, 10000000);
+  REQUIRE(out.size() == 4);
+  std::map<std::string, const perftools::profiles::Profile*> by_type;
+  for (const auto& p : out) by_type[p.type] = &p.profile;
+  auto str = [](const perftools::profiles::Profile& p, int64_t i) { return p.string_table(i); };
+  auto label = [&](const perftools::profiles::Profile& p, int s, const std::string& k) {
+    for (const auto& l : p.sample(s).label()) {
+      if (str(p, l.key()) == k) return l.str() ? str(p, l.str()) : std::to_string(l.num());
+    }
+    return std::string("<none>");
+  };
+
+  const auto& cpu = *by_type.at("process_cpu");
+  REQUIRE(cpu.sample_size() == 1);  // parallelism does not split process_cpu samples
+  CHECK(cpu.sample(0).value(0) == 4);
+  CHECK(cpu.sample(0).value(1) == 4000000);
+  bool exact_comment = false;
+  for (int64_t c : cpu.comment()) {
+    exact_comment |= str(cpu, c).find("exact from sched_switch 4100000 ns") != std::string::npos;
+  }
+  CHECK(exact_comment);
+
+  const auto& lat = *by_type.at("latency");
+  REQUIRE(lat.sample_type_size() == 1);
+  CHECK(str(lat, lat.sample_type(0).type()) == "latency");
+  CHECK(str(lat, lat.period_type().type()) == "cpu");
+  REQUIRE(lat.sample_size() == 2);
+  CHECK(lat.sample(0).value(0) == 1500000);  // 3 samples * 1 ms / 2 threads
+  CHECK(label(lat, 0, "parallelism") == "2");
+  CHECK(lat.sample(1).value(0) == 1000000);
+  CHECK(label(lat, 1, "parallelism") == "1");
+  CHECK(lat.comment_size() == 1);  // the mid-run note
+
+  const auto& offp = *by_type.at("off_cpu");
+  REQUIRE(offp.sample_type_size() == 1);
+  CHECK(str(offp, offp.sample_type(0).type()) == "off_cpu");
+  CHECK(offp.period() == 0);
+  REQUIRE(offp.sample_size() == 1);
+  CHECK(offp.sample(0).value(0) == 5000000);
+  CHECK(label(offp, 0, "state") == "sleeping");
+  CHECK(label(offp, 0, "thread_name") == "worker");
+  CHECK(label(offp, 0, "tid") == "4243");
+
+  const auto& wall = *by_type.at("wall");
+  CHECK(str(wall, wall.sample_type(0).type()) == "wall");
+  CHECK(str(wall, wall.period_type().type()) == "wall");
+  int64_t running = 0, sleeping = 0;
+  for (int i = 0; i < wall.sample_size(); ++i) {
+    (label(wall, i, "state") == "running" ? running : sleeping) += wall.sample(i).value(0);
+  }
+  CHECK(running == 4000000);
+  CHECK(sleeping == 5000000);
+  CHECK(set.stats().offcpu_ns == 5000000);
+  CHECK(set.stats().samples_parallelism_unknown == 1);
 }
 
 }  // namespace parascope
