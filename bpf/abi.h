@@ -76,6 +76,10 @@ PS_STATIC_ASSERT(sizeof(struct ps_oncpu_value) == 32, "ps_oncpu_value layout");
 #define PS_STATE_SLEEPING 2         /* TASK_INTERRUPTIBLE (and other voluntary waits) */
 #define PS_STATE_UNINTERRUPTIBLE 3  /* TASK_UNINTERRUPTIBLE, e.g. disk I/O */
 
+/* A stack error that is not an errno: the thread was already asleep when the agent attached, so
+ * its user stack at switch-out was never seen (ps_thread_state.user_stack_err). */
+#define PS_ERR_ASLEEP_AT_ATTACH (-100000)
+
 /* Control block shared by every program (ps_control, array of 1), written by the daemon at each
  * window boundary: the buffer to fill and the window start on CLOCK_MONOTONIC
  * (bpf_ktime_get_ns). */

@@ -255,6 +255,59 @@ int BPF_PROG(ps_sched_switch_raw, bool preempt, struct task_struct *prev,
   return ps_on_switch(ctx, preempt, prev, next);
 }
 
+/* Seeds ps_threads with the threads that are off-CPU when the agent attaches, so a thread asleep
+ * since before attach is accounted from the attach on (a thread blocked for the whole window
+ * contributes the whole window), instead of appearing only after it first wakes. Run once by the
+ * daemon through an iterator fd after sched_switch is attached; BPF_NOEXIST keeps states that a
+ * real switch-out created meanwhile. The kernel stack comes from bpf_get_task_stack(); a sleeping
+ * task's user registers are not reachable from here, so its user stack is marked
+ * PS_ERR_ASLEEP_AT_ATTACH. */
+SEC("iter/task")
+int ps_seed_threads(struct bpf_iter__task *ctx) {
+  struct task_struct *task = ctx->task;
+  if (!task)
+    return 0;
+  __u32 tid = task->pid, tgid = task->tgid;
+  if (tid == 0 || !ps_tgid_tracked(tgid) || task->on_cpu)
+    return 0;
+  if (bpf_map_lookup_elem(&ps_threads, &tid))
+    return 0;
+  struct ps_control *ctl = ps_get_control();
+  __u32 zero = 0;
+  struct ps_stack *st = bpf_map_lookup_elem(&ps_sched_scratch, &zero);
+  if (!ctl || !st)
+    return 0;
+  struct ps_thread_state ts = {};
+  __u32 state = ps_task_state(task);
+  if (state & PS_TASK_DEAD)
+    return 0;
+  ts.state = state == PS_TASK_RUNNING ? PS_STATE_RUNNABLE
+             : ((state & PS_TASK_UNINTERRUPTIBLE) && !(state & PS_TASK_NOLOAD))
+                 ? PS_STATE_UNINTERRUPTIBLE
+                 : PS_STATE_SLEEPING;
+  ts.tgid = tgid;
+  ts.tgid_start_ns = BPF_CORE_READ(task, group_leader, start_boottime);
+  BPF_CORE_READ_STR_INTO(&ts.comm, task, comm);
+  ts.user_stack_err = PS_ERR_ASLEEP_AT_ATTACH;
+  long n = bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0);
+  if (n > 0) {
+    st->len = (__u32)n / sizeof(__u64);
+    __u64 h = ps_stack_hash(st, 0);
+    void *stacks = ctl->active_buffer == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
+    long rc = bpf_map_update_elem(stacks, &h, st, BPF_NOEXIST);
+    if (rc == 0 || rc == -EEXIST)
+      ts.kernel_stack = h;
+    else
+      ts.kernel_stack_err = (__s32)rc;
+  } else {
+    ts.kernel_stack_err = (__s32)n;
+  }
+  ts.out_ns = ctl->window_start_ns;
+  if (bpf_map_update_elem(&ps_threads, &tid, &ts, BPF_NOEXIST) == -ENOMEM)
+    ps_count(PS_CTR_THREAD_MAP_FULL);
+  return 0;
+}
+
 /* Process exit: forget the thread, and the process's parallelism entry once its last thread
  * exits (signal->live reaches 0 in do_exit before this tracepoint, kernel/exit.c). */
 static __always_inline int ps_on_exit(struct task_struct *task) {

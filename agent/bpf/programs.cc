@@ -133,6 +133,7 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
       self->links_.push_back(link);
     }
   }
+  if (self->sched_ != nullptr && options.offcpu) self->SeedSleepingThreads();
   for (size_t i = 0; i < self->events_.fds.size(); ++i) {
     bpf_link* link =
         bpf_program__attach_perf_event(skel->progs.ps_on_cpu_sample, self->events_.fds[i].get());
@@ -174,8 +175,28 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   bpf_program__set_autoload(sched_->progs.ps_process_exit_btf, btf);
   bpf_program__set_autoload(sched_->progs.ps_sched_switch_raw, !btf);
   bpf_program__set_autoload(sched_->progs.ps_process_exit_raw, !btf);
+  bpf_program__set_autoload(sched_->progs.ps_seed_threads, options.offcpu);
   if (int rc = sched_bpf::load(sched_); rc) return LibbpfError(rc, "loading sched.bpf.o");
   return absl::OkStatus();
+}
+
+void BpfPrograms::SeedSleepingThreads() {
+  // Best effort: without it, threads asleep since before attach appear from their first wake-up.
+  bpf_link* link = bpf_program__attach_iter(sched_->progs.ps_seed_threads, nullptr);
+  if (link == nullptr) {
+    Log(LogLevel::kWarning, "cannot seed sleeping threads (iter/task): %s", std::strerror(errno));
+    return;
+  }
+  int fd = bpf_iter_create(bpf_link__fd(link));
+  if (fd >= 0) {
+    char buf[64];
+    while (read(fd, buf, sizeof(buf)) > 0) {
+    }
+    close(fd);
+  } else {
+    Log(LogLevel::kWarning, "cannot run the thread seeding iterator: %s", std::strerror(errno));
+  }
+  bpf_link__destroy(link);
 }
 
 void BpfPrograms::Detach() {

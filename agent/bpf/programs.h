@@ -83,6 +83,8 @@ class BpfPrograms : public WindowSource {
   // disabled: perf_event programs in IRQ/NMI context, tracepoints under the runqueue lock).
   absl::Status WaitForCpus();
   void Detach();
+  // Runs ps_seed_threads (iter/task) once: threads off-CPU at attach get a thread state.
+  void SeedSleepingThreads();
   // Reads and empties buffer `index` (no program may be writing it) into *out.
   void DrainBuffer(uint32_t index, WindowData* out);
   // Attributes the parts of intervals crossing [prev_ws, ws) that BPF left to the daemon.

@@ -111,7 +111,9 @@ bool Truncated(const StackPair& s) {
 
 void ProfileSet::CountStackQuality(const StackPair& s, uint64_t weight) {
   if (s.kernel_stack_err != 0) stats_.kernel_stack_lost += weight;
-  if (s.user_stack_err != 0) stats_.user_stack_lost += weight;
+  if (s.user_stack_err != 0 && s.user_stack_err != PS_ERR_ASLEEP_AT_ATTACH) {
+    stats_.user_stack_lost += weight;
+  }
   if (Truncated(s)) stats_.truncated += weight;
 }
 
@@ -121,7 +123,9 @@ void ProfileSet::Locations(PprofBuilder& b, const proc::ProcessKey& process,
   symbolizer_->AddKernelFrames(b, s.kernel_ips, out);
   if (s.kernel_stack_err != 0) out->push_back(b.AddSyntheticLocation("[unknown kernel]"));
   symbolizer_->AddUserFrames(b, process, s.user_ips, out);
-  if (s.user_stack_err != 0) {
+  if (s.user_stack_err == PS_ERR_ASLEEP_AT_ATTACH) {
+    out->push_back(b.AddSyntheticLocation("[unknown: asleep since before attach]"));
+  } else if (s.user_stack_err != 0) {
     out->push_back(b.AddSyntheticLocation("[unknown]"));
   } else if (Truncated(s)) {
     out->push_back(b.AddSyntheticLocation("[truncated]"));
