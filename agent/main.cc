@@ -25,6 +25,28 @@ ABSL_FLAG(absl::Duration, off_cpu_min_duration, absl::ZeroDuration(),
 ABSL_FLAG(std::string, output_dir, "",
           "write DIR/<pid>/<profile>-<t0 unix ms>.pb.gz (gzip pprof) each window");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+ABSL_FLAG(std::string, remote_url, "", "Pyroscope base URL, e.g. http://127.0.0.1:4040");
+ABSL_FLAG(std::string, remote_protocol, "grpc",
+          "grpc (HTTP/2; h2c for http://) or connect (unary over HTTP/1.1)");
+ABSL_FLAG(std::string, tenant_id, "", "tenant sent as X-Scope-OrgID");
+ABSL_FLAG(std::string, basic_auth_user, "", "basic auth user (password from a file)");
+ABSL_FLAG(std::string, basic_auth_password_file, "", "file holding the basic auth password");
+ABSL_FLAG(std::string, bearer_token_file, "", "file holding a bearer token");
+ABSL_FLAG(std::vector<std::string>, remote_header, {},
+          "extra request header K=V (repeatable)");
+ABSL_FLAG(std::string, tls_ca_file, "", "CA bundle to verify the server (https)");
+ABSL_FLAG(std::string, tls_cert_file, "", "client certificate (mutual TLS)");
+ABSL_FLAG(std::string, tls_key_file, "", "client key (mutual TLS)");
+ABSL_FLAG(std::vector<std::string>, external_label, {},
+          "label K=V added to every pushed series (repeatable)");
+ABSL_FLAG(std::string, service_name, "", "service_name of pushed series for a --pid run");
+ABSL_FLAG(bool, pid_label, false, "add a pid label to pushed series (high cardinality)");
+ABSL_FLAG(int64_t, queue_max_bytes, int64_t{64} << 20,
+          "bound of the push queue in bytes; the oldest profiles are dropped beyond it");
+ABSL_FLAG(absl::Duration, shutdown_timeout, absl::Seconds(5),
+          "on SIGTERM, how long to keep delivering queued profiles");
+ABSL_FLAG(std::string, http_address, "127.0.0.1:7070",
+          "address of /metrics, /healthz and /readyz (empty: no HTTP server)");
 ABSL_FLAG(bool, print_summary, false,
           "at exit, print the busiest processes and their top functions by CPU");
 ABSL_FLAG(int32_t, summary_processes, 5, "processes shown by --print-summary");
@@ -74,6 +96,28 @@ int main(int argc, char** argv) {
     return UsageError("--log-level: expected debug, info, warning or error, got '" +
                       absl::GetFlag(FLAGS_log_level) + "'");
   }
+  config.remote_url = absl::GetFlag(FLAGS_remote_url);
+  config.remote_protocol = absl::GetFlag(FLAGS_remote_protocol);
+  config.tenant_id = absl::GetFlag(FLAGS_tenant_id);
+  config.basic_auth_user = absl::GetFlag(FLAGS_basic_auth_user);
+  config.basic_auth_password_file = absl::GetFlag(FLAGS_basic_auth_password_file);
+  config.bearer_token_file = absl::GetFlag(FLAGS_bearer_token_file);
+  auto headers = parascope::ParseKeyValues(absl::GetFlag(FLAGS_remote_header));
+  if (!headers.ok()) return UsageError("--remote-header: " + std::string(headers.status().message()));
+  config.remote_headers = *headers;
+  config.tls_ca_file = absl::GetFlag(FLAGS_tls_ca_file);
+  config.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  config.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  auto external = parascope::ParseKeyValues(absl::GetFlag(FLAGS_external_label));
+  if (!external.ok()) {
+    return UsageError("--external-label: " + std::string(external.status().message()));
+  }
+  config.external_labels = *external;
+  config.service_name = absl::GetFlag(FLAGS_service_name);
+  config.pid_label = absl::GetFlag(FLAGS_pid_label);
+  config.queue_max_bytes = absl::GetFlag(FLAGS_queue_max_bytes);
+  config.shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);
+  config.http_address = absl::GetFlag(FLAGS_http_address);
   config.print_summary = absl::GetFlag(FLAGS_print_summary);
   config.summary_processes = absl::GetFlag(FLAGS_summary_processes);
   config.summary_functions = absl::GetFlag(FLAGS_summary_functions);

@@ -1,6 +1,8 @@
 #include "agent/config/config.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "agent/proc/read_file.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bpf/abi.h"
@@ -27,6 +29,27 @@ absl::Status Config::Validate() const {
         "--off-cpu-min-duration: must not be negative, got ",
         absl::FormatDuration(off_cpu_min_duration)));
   }
+  if (!remote_url.empty()) {
+    if (!absl::StartsWith(remote_url, "http://") && !absl::StartsWith(remote_url, "https://")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--remote-url: must start with http:// or https://, got '", remote_url, "'"));
+    }
+    if (remote_protocol != "grpc" && remote_protocol != "connect") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--remote-protocol: must be grpc or connect, got '", remote_protocol, "'"));
+    }
+  }
+  if (queue_max_bytes < 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--queue-max-bytes: must be at least 1024, got ", queue_max_bytes));
+  }
+  if (shutdown_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--shutdown-timeout: must not be negative");
+  }
+  if (!basic_auth_password_file.empty() && basic_auth_user.empty()) {
+    return absl::InvalidArgumentError(
+        "--basic-auth-password-file: needs --basic-auth-user as well");
+  }
   if (pids.size() > PS_PID_FILTER_ENTRIES) {
     return absl::InvalidArgumentError(absl::StrCat("--pid: at most ", PS_PID_FILTER_ENTRIES,
                                                    " pids, got ", pids.size()));
@@ -35,6 +58,34 @@ absl::Status Config::Validate() const {
     return absl::InvalidArgumentError("--summary-processes/--summary-functions: must be >= 1");
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseKeyValues(
+    const std::vector<std::string>& items) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const std::string& item : items) {
+    if (item.empty()) continue;
+    size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("'", item, "' is not KEY=VALUE"));
+    }
+    out.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
+  auto text = proc::ReadFileToString(path);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat("cannot read secret file ", path, ": ",
+                                     text.status().code() == absl::StatusCode::kNotFound
+                                         ? "no such file"
+                                         : "unreadable"));
+  }
+  std::string s = *std::move(text);
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+  return s;
 }
 
 absl::StatusOr<std::vector<uint32_t>> ParsePidList(absl::string_view text) {

@@ -29,6 +29,23 @@ struct Config {
   // Write DIR/<pid>/<name>-<t0 unix ms>.pb.gz; empty = no files.
   std::string output_dir;
   LogLevel log_level = LogLevel::kInfo;
+
+  // Pyroscope push (SPEC sections 4-6). Empty remote_url: no push.
+  std::string remote_url;
+  std::string remote_protocol = "grpc";  // "grpc" or "connect"
+  std::string tenant_id;                 // X-Scope-OrgID
+  std::string basic_auth_user;
+  std::string basic_auth_password_file;  // secrets only from files, never argv
+  std::string bearer_token_file;
+  std::vector<std::pair<std::string, std::string>> remote_headers;  // --remote-header K=V
+  std::string tls_ca_file, tls_cert_file, tls_key_file;
+  std::vector<std::pair<std::string, std::string>> external_labels;  // --external-label K=V
+  std::string service_name;  // --service-name (for --pid runs)
+  bool pid_label = false;    // --pid-label
+  int64_t queue_max_bytes = int64_t{64} << 20;
+  absl::Duration shutdown_timeout = absl::Seconds(5);
+  // /metrics, /healthz, /readyz; empty = no HTTP server.
+  std::string http_address = "127.0.0.1:7070";
   // At exit, print the busiest processes and their top functions to stdout.
   bool print_summary = false;
   int32_t summary_processes = 5;
@@ -38,6 +55,14 @@ struct Config {
   // flag, e.g. "--sampling-frequency: must be in [1, 10000], got 0".
   absl::Status Validate() const;
 };
+
+// Parses "K=V" items (e.g. --remote-header, --external-label). InvalidArgument naming the item
+// when it has no '=' or an empty key.
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseKeyValues(
+    const std::vector<std::string>& items);
+
+// Reads a secret from a file (trailing newline removed). Errors name the file, never its content.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path);
 
 // Parses "123,456" into tgids. InvalidArgument on an empty item, a non-number or 0.
 absl::StatusOr<std::vector<uint32_t>> ParsePidList(absl::string_view text);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
@@ -18,6 +19,7 @@ std::string Underscored(absl::string_view name) { return absl::StrReplaceAll(nam
 
 absl::Status ParseFlags(int argc, char** argv, std::vector<std::string>* positional, bool* help) {
   *help = false;
+  std::set<std::string> seen_lists;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--") {
@@ -59,6 +61,13 @@ absl::Status ParseFlags(int argc, char** argv, std::vector<std::string>* positio
     } else if (!value) {
       if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(shown, ": missing value"));
       value = argv[++i];
+    }
+    // Repeated list flags (--remote-header=A=1 --remote-header=B=2) accumulate.
+    if (flag->IsOfType<std::vector<std::string>>()) {
+      if (!seen_lists.insert(std::string(flag->Name())).second && !value->empty()) {
+        std::string current = flag->CurrentValue();
+        if (!current.empty()) value = absl::StrCat(current, ",", *value);
+      }
     }
     std::string error;
     if (!flag->ParseFrom(*value, &error)) {

@@ -15,7 +15,8 @@
 namespace parascope {
 
 // Parses `--name=value`, `--name value`, `--bool_flag`, `--nobool_flag` (dashes or underscores in
-// names). Stops at `--`; other arguments go to *positional. `--help` sets *help. Errors are
+// names). A std::vector<std::string> flag given several times accumulates its values (Abseil
+// parses a comma-separated list, so an item cannot itself contain a comma). Stops at `--`; other arguments go to *positional. `--help` sets *help. Errors are
 // InvalidArgument naming the flag as the user spelled it, e.g.
 // "--sampling-frequency: Illegal value 'abc' specified for flag 'sampling_frequency'".
 absl::Status ParseFlags(int argc, char** argv, std::vector<std::string>* positional, bool* help);

@@ -10,6 +10,7 @@
 ABSL_FLAG(int32_t, ps_test_frequency, 19, "test flag");
 ABSL_FLAG(absl::Duration, ps_test_interval, absl::Seconds(15), "test flag");
 ABSL_FLAG(bool, ps_test_switch, false, "test flag");
+ABSL_FLAG(std::vector<std::string>, ps_test_list, {}, "test flag");
 
 namespace parascope {
 namespace {
@@ -61,6 +62,22 @@ TEST_CASE("Config::Validate checks ranges and names the flag", "[config]") {
   c = Config();
   c.duration = -absl::Seconds(1);
   CHECK(absl::StartsWith(c.Validate().message(), "--duration:"));
+}
+
+TEST_CASE("Repeated list flags accumulate and K=V items parse", "[config]") {
+  REQUIRE(Parse({"--ps-test-list=A=1", "--ps-test-list", "B=2=x"}).ok());
+  CHECK(absl::GetFlag(FLAGS_ps_test_list) == std::vector<std::string>{"A=1", "B=2=x"});
+  auto kv = ParseKeyValues(absl::GetFlag(FLAGS_ps_test_list));
+  REQUIRE(kv.ok());
+  CHECK(*kv == std::vector<std::pair<std::string, std::string>>{{"A", "1"}, {"B", "2=x"}});
+  CHECK(!ParseKeyValues({"novalue"}).ok());
+  CHECK(!ParseKeyValues({"=v"}).ok());
+  Config c;
+  c.remote_url = "ftp://x";
+  CHECK(absl::StartsWith(c.Validate().message(), "--remote-url:"));
+  c.remote_url = "http://127.0.0.1:4040";
+  c.remote_protocol = "udp";
+  CHECK(absl::StartsWith(c.Validate().message(), "--remote-protocol:"));
 }
 
 TEST_CASE("ParsePidList", "[config]") {
