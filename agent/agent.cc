@@ -13,9 +13,14 @@
 #include "agent/bpf/programs.h"
 #include "agent/collect/window_clock.h"
 #include "agent/export/file_exporter.h"
+#include "agent/export/labels.h"
+#include "agent/export/pyroscope_exporter.h"
 #include "agent/profile/profile_set.h"
 #include "agent/profile/summary.h"
 #include "agent/proc/process_table.h"
+#include "agent/server/http_server.h"
+#include "agent/server/metric_names.h"
+#include "agent/server/metrics.h"
 #include "agent/symbolize/elf_cache.h"
 #include "agent/symbolize/kallsyms.h"
 #include "agent/symbolize/stack_symbolizer.h"
@@ -52,11 +57,216 @@ std::string EnabledProfiles(const ProfileTypes& t) {
   return absl::StrJoin(names, ",");
 }
 
+// Reports the BPF counters, map gauges and program run times at scrape time, and the per-window
+// figures of the (single-threaded) pipeline through counters advanced once per window.
+class AgentMetrics {
+ public:
+  AgentMetrics(server::MetricsRegistry* registry, const BpfPrograms* bpf)
+      : registry_(registry), bpf_(bpf) {
+    namespace mn = server::metric_names;
+    using server::CallbackSample;
+    using server::MetricType;
+    regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_bpf_samples_taken_total",
+        "On-CPU samples the BPF program recorded (non-idle, not filtered out).", {}, [this] {
+          return std::vector<CallbackSample>{
+              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_SAMPLES])}};
+        }));
+    regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, mn::kSamplesLost,
+        "On-CPU samples lost or degraded in the kernel, by reason.", {"reason"}, [this] {
+          BpfCounters c = bpf_->Counters();
+          return std::vector<CallbackSample>{
+              {{"map_full"}, static_cast<double>(c[PS_CTR_AGG_MAP_FULL])},
+              {{"stack_map_full"}, static_cast<double>(c[PS_CTR_STACK_MAP_FULL])},
+              {{"stack_fault"}, static_cast<double>(c[PS_CTR_USER_STACK_FAULT] +
+                                                    c[PS_CTR_KERNEL_STACK_FAULT])}};
+        }));
+    regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_bpf_events_dropped_total",
+        "Scheduler events whose accounting was dropped because a BPF map was full, by map.",
+        {"map"}, [this] {
+          BpfCounters c = bpf_->Counters();
+          return std::vector<CallbackSample>{
+              {{"threads"}, static_cast<double>(c[PS_CTR_THREAD_MAP_FULL])},
+              {{"offcpu"}, static_cast<double>(c[PS_CTR_OFFCPU_MAP_FULL])},
+              {{"running"}, static_cast<double>(c[PS_CTR_RUNNING_MAP_FULL])},
+              {{"runtime"}, static_cast<double>(c[PS_CTR_RUNTIME_MAP_FULL])}};
+        }));
+    regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_sched_switches_total", "sched_switch events traced.",
+        {}, [this] {
+          return std::vector<CallbackSample>{
+              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_SWITCHES])}};
+        }));
+    regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, mn::kBpfRunTime,
+        "Run time of each BPF program (needs sysctl kernel.bpf_stats_enabled=1).", {"program"},
+        [this] {
+          std::vector<CallbackSample> out;
+          for (const auto& p : bpf_->ProgramRunTimes()) {
+            out.push_back({{p.name}, p.run_time_ns / 1e9});
+          }
+          return out;
+        }));
+    regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_bpf_run_count_total",
+        "Invocations of each BPF program (needs sysctl kernel.bpf_stats_enabled=1).",
+        {"program"}, [this] {
+          std::vector<CallbackSample> out;
+          for (const auto& p : bpf_->ProgramRunTimes()) {
+            out.push_back({{p.name}, static_cast<double>(p.run_cnt)});
+          }
+          return out;
+        }));
+    samples_ = &registry->GetCounter(mn::kSamples, "On-CPU samples placed in profiles.");
+    parallelism_unknown_ = &registry->GetCounter(
+        "parascope_samples_parallelism_unknown_total",
+        "Samples taken before every CPU's task was known (attached mid-run).");
+    offcpu_ns_ = &registry->GetCounter("parascope_offcpu_seconds_total",
+                                       "Off-CPU time placed in profiles, in seconds.");
+    stacks_lost_ = &registry->GetCounterFamily(
+        "parascope_stacks_degraded_total",
+        "Samples or intervals whose stack is shown with a synthetic frame, by reason.",
+        {"reason"});
+    symbolization_misses_ = &registry->GetCounterFamily(
+        mn::kSymbolizationMisses, "Frames that could not be symbolized, by reason.", {"reason"});
+    profiles_written_ =
+        &registry->GetCounter(mn::kProfilesWritten, "Profiles written by the file exporter.");
+    export_errors_ = &registry->GetCounter("parascope_export_errors_total",
+                                           "Profiles an exporter failed to accept.");
+    processes_ = &registry->GetGauge(mn::kProcessesTracked, "Processes in the process table.");
+    thread_states_ = &registry->GetGauge("parascope_thread_states",
+                                         "Threads with a switch-out state in the BPF map.");
+    windows_ = &registry->GetCounter("parascope_windows_total", "Collection windows closed.");
+  }
+
+  // Called once per window from the collection thread with cumulative figures.
+  void Update(const ProfileStats& ps, const SymbolizerStats& ss, const BpfMapStats& ms,
+              size_t processes, uint64_t profiles_written, uint64_t export_errors) {
+    Advance(samples_, ps.samples, &last_.samples);
+    Advance(parallelism_unknown_, ps.samples_parallelism_unknown,
+            &last_.samples_parallelism_unknown);
+    uint64_t offcpu_s = ps.offcpu_ns / 1000000000;
+    Advance(offcpu_ns_, offcpu_s, &last_offcpu_s_);
+    Advance(&stacks_lost_->With({"user_stack_lost"}), ps.user_stack_lost, &last_.user_stack_lost);
+    Advance(&stacks_lost_->With({"kernel_stack_lost"}), ps.kernel_stack_lost,
+            &last_.kernel_stack_lost);
+    Advance(&stacks_lost_->With({"truncated"}), ps.truncated, &last_.truncated);
+    Advance(&stacks_lost_->With({"stack_missing"}), ms.stacks_missing, &last_missing_);
+    Advance(&symbolization_misses_->With({"no_mapping"}), ss.no_mapping, &last_ss_.no_mapping);
+    Advance(&symbolization_misses_->With({"no_elf"}), ss.no_elf, &last_ss_.no_elf);
+    Advance(&symbolization_misses_->With({"no_symbol"}), ss.no_symbol, &last_ss_.no_symbol);
+    Advance(&symbolization_misses_->With({"kernel_no_symbol"}), ss.kernel_no_symbol,
+            &last_ss_.kernel_no_symbol);
+    Advance(profiles_written_, profiles_written, &last_written_);
+    Advance(export_errors_, export_errors, &last_export_errors_);
+    processes_->Set(static_cast<double>(processes));
+    thread_states_->Set(static_cast<double>(ms.thread_states));
+    windows_->Increment();
+  }
+
+ private:
+  static void Advance(server::Counter* c, uint64_t now, uint64_t* last) {
+    if (now > *last) c->Increment(now - *last);
+    *last = now;
+  }
+
+  server::MetricsRegistry* registry_;
+  const BpfPrograms* bpf_;
+  std::vector<server::CallbackRegistration> regs_;
+  server::Counter *samples_, *parallelism_unknown_, *offcpu_ns_, *profiles_written_,
+      *export_errors_, *windows_;
+  server::CounterFamily *stacks_lost_, *symbolization_misses_;
+  server::Gauge *processes_, *thread_states_;
+  ProfileStats last_;
+  SymbolizerStats last_ss_;
+  uint64_t last_offcpu_s_ = 0, last_missing_ = 0, last_written_ = 0, last_export_errors_ = 0;
+};
+
+// Reports the push exporter's delivery figures at scrape time.
+std::vector<server::CallbackRegistration> RegisterExporterMetrics(
+    server::MetricsRegistry* registry, const PyroscopeExporter* exporter) {
+  namespace mn = server::metric_names;
+  using server::CallbackSample;
+  using server::MetricType;
+  std::vector<server::CallbackRegistration> regs;
+  auto scalar = [&](MetricType type, const char* name, const char* help,
+                    std::function<double(const PyroscopeExporter::Stats&)> f) {
+    regs.push_back(registry->AddCallback(type, name, help, {}, [exporter, f] {
+      return std::vector<CallbackSample>{{{}, f(exporter->GetStats())}};
+    }));
+  };
+  scalar(MetricType::kCounter, mn::kProfilesPushed, "Profiles the remote endpoint accepted.",
+         [](const auto& s) { return static_cast<double>(s.sent); });
+  scalar(MetricType::kCounter, mn::kPushRetries, "Push attempts that failed and were retried.",
+         [](const auto& s) { return static_cast<double>(s.retries); });
+  scalar(MetricType::kGauge, mn::kQueueBytes, "Bytes waiting in the push queue.",
+         [](const auto& s) { return static_cast<double>(s.queue_bytes); });
+  scalar(MetricType::kCounter, "parascope_push_profiles_trimmed_total",
+         "Profiles folded into [other] to fit the server's limits.",
+         [](const auto& s) { return static_cast<double>(s.profiles_trimmed); });
+  auto family = [&](const char* name, const char* help, const char* label,
+                    std::function<const std::map<std::string, uint64_t>&(
+                        const PyroscopeExporter::Stats&)> f) {
+    regs.push_back(registry->AddCallback(MetricType::kCounter, name, help, {label},
+                                         [exporter, f] {
+                                           PyroscopeExporter::Stats s = exporter->GetStats();
+                                           std::vector<CallbackSample> out;
+                                           for (const auto& [k, v] : f(s)) {
+                                             out.push_back({{k}, static_cast<double>(v)});
+                                           }
+                                           return out;
+                                         }));
+  };
+  family(mn::kPushFailures, "Failed push attempts, by gRPC status or HTTP code.", "code",
+         [](const auto& s) -> const std::map<std::string, uint64_t>& { return s.failures; });
+  family(mn::kQueueDrops, "Profiles dropped before delivery, by reason.", "reason",
+         [](const auto& s) -> const std::map<std::string, uint64_t>& { return s.dropped; });
+  return regs;
+}
+
 }  // namespace
 
 absl::Status RunAgent(const Config& config) {
   InstallLibbpfLogger();
   PS_RETURN_IF_ERROR(ProbeBpfEnvironment());
+
+  // Push exporter first: bad TLS files or secrets fail before anything is loaded.
+  std::unique_ptr<SeriesLabeler> labeler;
+  std::unique_ptr<PyroscopeExporter> pusher;
+  if (!config.remote_url.empty()) {
+    PyroscopeOptions po;
+    po.url = config.remote_url;
+    po.protocol = config.remote_protocol;
+    po.tenant_id = config.tenant_id;
+    po.basic_auth_user = config.basic_auth_user;
+    if (!config.basic_auth_password_file.empty()) {
+      PS_ASSIGN_OR_RETURN(po.basic_auth_password, ReadSecretFile(config.basic_auth_password_file));
+    }
+    if (!config.bearer_token_file.empty()) {
+      PS_ASSIGN_OR_RETURN(po.bearer_token, ReadSecretFile(config.bearer_token_file));
+    }
+    po.headers = config.remote_headers;
+    po.tls_ca_file = config.tls_ca_file;
+    po.tls_cert_file = config.tls_cert_file;
+    po.tls_key_file = config.tls_key_file;
+    po.queue_max_bytes = static_cast<size_t>(config.queue_max_bytes);
+    po.shutdown_timeout = config.shutdown_timeout;
+    po.window = config.collect_interval;
+    LabelOptions lo;
+    lo.service_name = config.service_name;
+    lo.pid_filter_run = !config.pids.empty();
+    lo.external = config.external_labels;
+    lo.pid_label = config.pid_label;
+    labeler = std::make_unique<SeriesLabeler>(lo);
+    SeriesLabeler* l = labeler.get();
+    PS_ASSIGN_OR_RETURN(
+        pusher, PyroscopeExporter::Create(po, [l](const ProcessProfile& p) {
+          auto labels = l->Labels(p.process, p.process_name, p.type);
+          return labels.ok() ? *std::move(labels) : LabelList{};
+        }));
+  }
 
   std::unique_ptr<symbolize::Kallsyms> kallsyms;
   if (auto k = symbolize::Kallsyms::Load(); k.ok()) {
@@ -88,9 +298,32 @@ absl::Status RunAgent(const Config& config) {
   popts.types = config.profiles;
   ProfileSet profile_set(popts, &symbolizer, &processes);
 
-  std::vector<std::unique_ptr<Exporter>> exporters;
+  std::vector<Exporter*> exporters;
+  std::unique_ptr<FileExporter> file_exporter;
   if (!config.output_dir.empty()) {
-    exporters.push_back(std::make_unique<FileExporter>(config.output_dir));
+    file_exporter = std::make_unique<FileExporter>(config.output_dir);
+    exporters.push_back(file_exporter.get());
+  }
+  if (pusher != nullptr) exporters.push_back(pusher.get());
+
+  server::MetricsRegistry registry;
+  AgentMetrics metrics(&registry, bpf.get());
+  std::vector<server::CallbackRegistration> push_metrics;
+  if (pusher != nullptr) push_metrics = RegisterExporterMetrics(&registry, pusher.get());
+  std::unique_ptr<server::HttpServer> http;
+  if (!config.http_address.empty()) {
+    server::HttpServerOptions ho;
+    ho.address = config.http_address;
+    ho.metrics = &registry;
+    PyroscopeExporter* p = pusher.get();
+    ho.readiness = [p]() -> absl::Status {
+      if (p != nullptr && !p->Ready()) {
+        return absl::UnavailableError("remote endpoint unreachable for more than two windows");
+      }
+      return absl::OkStatus();
+    };
+    http = std::make_unique<server::HttpServer>(ho);
+    PS_RETURN_IF_ERROR(http->Start());
   }
   RunSummary summary;
 
@@ -125,10 +358,10 @@ absl::Status RunAgent(const Config& config) {
                            data->end_mono_ns - data->start_mono_ns);
     for (const ProcessProfile& p : profiles) {
       if (config.print_summary) summary.Add(p);
-      for (auto& e : exporters) {
+      for (Exporter* e : exporters) {
         absl::Status s = e->Export(p);
         if (s.ok()) {
-          ++profiles_written;
+          if (e == file_exporter.get()) ++profiles_written;
         } else {
           ++export_errors;
           export_log.Log(LogLevel::kWarning, "export failed: %s", s.ToString());
@@ -136,12 +369,24 @@ absl::Status RunAgent(const Config& config) {
       }
     }
     processes.EndWindow();
+    if (labeler != nullptr) labeler->EndWindow();
     ++windows;
+    metrics.Update(profile_set.stats(), symbolizer.stats(), bpf->map_stats(), processes.size(),
+                   profiles_written, export_errors);
     Log(LogLevel::kDebug, "window %d: %d on-CPU records, %d off-CPU records, %d profiles",
         windows, data->oncpu.size(), data->offcpu.size(), profiles.size());
     schedule.Advance(data->end_mono_ns);
   }
 
+  if (pusher != nullptr) {
+    pusher->Shutdown();  // delivers what is queued, for at most --shutdown-timeout
+    PyroscopeExporter::Stats st = pusher->GetStats();
+    uint64_t dropped = 0;
+    for (const auto& [reason, n] : st.dropped) dropped += n;
+    Log(LogLevel::kInfo, "push: sent=%d retries=%d dropped=%d queued_at_exit=%d", st.sent,
+        st.retries, dropped, st.queue_length);
+  }
+  if (http != nullptr) http->Stop();
   BpfCounters c = bpf->Counters();
   const ProfileStats& ps = profile_set.stats();
   const SymbolizerStats& ss = symbolizer.stats();

@@ -10,6 +10,7 @@
 #include "agent/agent.h"
 #include "agent/config/config.h"
 #include "agent/config/flags.h"
+#include "agent/export/labels.h"
 #include "agent/util/log.h"
 
 ABSL_FLAG(int32_t, sampling_frequency, 19, "on-CPU samples per second per CPU (Hz)");
@@ -113,6 +114,11 @@ int main(int argc, char** argv) {
     return UsageError("--external-label: " + std::string(external.status().message()));
   }
   config.external_labels = *external;
+  if (absl::Status s = parascope::ValidateExternalLabels(config.external_labels,
+                                                         absl::GetFlag(FLAGS_pid_label));
+      !s.ok()) {
+    return UsageError("--external-label: " + std::string(s.message()));
+  }
   config.service_name = absl::GetFlag(FLAGS_service_name);
   config.pid_label = absl::GetFlag(FLAGS_pid_label);
   config.queue_max_bytes = absl::GetFlag(FLAGS_queue_max_bytes);

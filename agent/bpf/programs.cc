@@ -445,6 +445,25 @@ void BpfPrograms::ScanCpus(int64_t prev_ws, int64_t ws, WindowData* out) {
   }
 }
 
+std::vector<BpfPrograms::ProgramStats> BpfPrograms::ProgramRunTimes() const {
+  std::vector<ProgramStats> out;
+  std::vector<const bpf_program*> progs = {oncpu_->progs.ps_on_cpu_sample};
+  if (sched_ != nullptr) {
+    progs.insert(progs.end(), {sched_->progs.ps_sched_switch_btf, sched_->progs.ps_sched_switch_raw,
+                               sched_->progs.ps_process_exit_btf,
+                               sched_->progs.ps_process_exit_raw});
+  }
+  for (const bpf_program* p : progs) {
+    int fd = bpf_program__fd(p);
+    if (fd < 0) continue;  // not loaded (the other attach variant)
+    bpf_prog_info info{};
+    uint32_t len = sizeof(info);
+    if (bpf_obj_get_info_by_fd(fd, &info, &len) != 0) continue;
+    out.push_back({bpf_program__name(p), info.run_time_ns, info.run_cnt});
+  }
+  return out;
+}
+
 BpfCounters BpfPrograms::Counters() const {
   BpfCounters total{};
   int ncpu = libbpf_num_possible_cpus();

@@ -67,6 +67,15 @@ class BpfPrograms : public WindowSource {
   BpfCounters Counters() const override;
   const BpfMapStats& map_stats() const { return map_stats_; }
 
+  // Cumulative run time and invocations of each loaded program (bpf_prog_info run_time_ns and
+  // run_cnt; both stay 0 unless sysctl kernel.bpf_stats_enabled=1). Thread-safe (syscalls only).
+  struct ProgramStats {
+    std::string name;
+    uint64_t run_time_ns = 0;
+    uint64_t run_cnt = 0;
+  };
+  std::vector<ProgramStats> ProgramRunTimes() const;
+
   const std::string& event_name() const { return events_.name; }
   bool period_is_ns() const { return events_.period_is_ns; }
   size_t num_cpus() const { return events_.cpus.size(); }

@@ -1,5 +1,6 @@
 #include "agent/server/http_server.h"
 
+#include <httplib.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -8,8 +9,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-
-#include <httplib.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -21,7 +20,6 @@ namespace {
 constexpr char kMetricsContentType[] = "text/plain; version=0.0.4; charset=utf-8";
 constexpr char kTextContentType[] = "text/plain; charset=utf-8";
 constexpr size_t kWorkerThreads = 2;
-constexpr auto kStartTimeout = std::chrono::seconds(5);
 
 // Replaces httplib's default_socket_options, which sets SO_REUSEPORT (so two agents could listen
 // on one port and split the scrapes between them).
@@ -172,13 +170,13 @@ absl::Status HttpServer::Start() {
     }
     listen_done_ = true;
   });
-  // httplib::Server::stop() is a no-op until the listen loop has marked itself running; wait for
-  // that so a Stop() right after Start() cannot leave the loop (and the join) running forever.
-  auto deadline = std::chrono::steady_clock::now() + kStartTimeout;
-  while (!raw->is_running() && !listen_done_ && std::chrono::steady_clock::now() < deadline) {
+  // httplib::Server::stop() is a no-op until the listen loop has marked itself running (its first
+  // statement); wait for that so a Stop() right after Start() cannot leave the loop running and
+  // the join waiting forever.
+  while (!raw->is_running() && !listen_done_) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  if (!raw->is_running()) {
+  if (listen_done_) {
     Stop();
     return absl::UnavailableError(
         absl::StrCat("--http-address ", options_.address, ": HTTP server did not start"));

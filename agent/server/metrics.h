@@ -15,10 +15,9 @@
 //   failures.With({"UNAVAILABLE"}).Increment();
 //
 // Names: every metric name must start with "parascope_" and match [a-zA-Z_][a-zA-Z0-9_]* (colons
-// are reserved for recording rules);
-// label names match [a-zA-Z_][a-zA-Z0-9_]* and must not start with "__" (reserved by
-// Prometheus). Counters should end in "_total" and use base units (seconds, bytes) per Prometheus
-// naming practice (not enforced). Names are constants in code, so a bad name, a family registered
+// are reserved for recording rules); label names match [a-zA-Z_][a-zA-Z0-9_]* and must not start
+// with "__" (reserved by Prometheus). Counters should end in "_total" and use base units (seconds,
+// bytes) per Prometheus naming practice (not enforced). Names are constants in code, so a bad name, a family registered
 // twice with a different type or label names, or With() called with the wrong number of label
 // values is a programming error: the registry logs it and aborts (as prometheus-cpp throws).
 #pragma once
