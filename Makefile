@@ -1,11 +1,14 @@
 # parascope: `sudo make run` profiles this host for 30 s; `sudo make test` runs every test.
 # Both install the Debian packages they need first (scripts/setup, idempotent).
+# `sudo make bench` measures overhead and footprint against perf, offcputime and bpftrace
+# (bench/README.md; peers installed by scripts/bench-setup).
 BUILD ?= build
 JOBS ?= $(shell nproc)
 RUN_FLAGS ?= --duration=30s --output-dir=./profiles --print-summary
 PPROF := $(BUILD)/tools/pprof
+PYTHON ?= /usr/bin/python3
 
-.PHONY: all setup build run test unit clean
+.PHONY: all setup build run test unit bench clean
 
 all: build
 
@@ -32,6 +35,15 @@ test: build
 
 unit: build
 	cd $(BUILD) && ctest --output-on-failure -R '^unit:' 
+
+# Benchmarks print figures and assert nothing; settings via BENCH_* variables (bench/README.md).
+# Builds only the agent: the benchmarks need nothing else.
+bench: setup
+	@bash scripts/bench-setup
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) --target parascope
+	BENCH_OUT=$(abspath $(BUILD))/bench PARASCOPE=$(abspath $(BUILD))/bin/parascope \
+	  $(PYTHON) bench/bench.py
 
 clean:
 	rm -rf $(BUILD)
