@@ -1,5 +1,6 @@
 #include "agent/agent.h"
 
+#include <malloc.h>
 #include <signal.h>
 
 #include <iostream>
@@ -369,6 +370,7 @@ absl::Status RunAgent(const Config& config) {
       }
     }
     processes.EndWindow();
+    symbolizer.EndWindow();
     if (labeler != nullptr) labeler->EndWindow();
     ++windows;
     metrics.Update(profile_set.stats(), symbolizer.stats(), bpf->map_stats(), processes.size(),
@@ -376,6 +378,11 @@ absl::Status RunAgent(const Config& config) {
     Log(LogLevel::kDebug, "window %d: %d on-CPU records, %d off-CPU records, %d profiles",
         windows, data->oncpu.size(), data->offcpu.size(), profiles.size());
     schedule.Advance(data->end_mono_ns);
+    profiles.clear();
+    data = absl::StatusOr<WindowData>();
+    // A window's profiles are built and dropped at once: hand the freed heap back to the kernel
+    // so RSS follows the steady state, not the largest window (glibc keeps it otherwise).
+    malloc_trim(0);
   }
 
   if (pusher != nullptr) {

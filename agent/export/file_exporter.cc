@@ -32,10 +32,20 @@ std::string FileExporter::PathFor(const ProcessProfile& p) const {
 absl::Status FileExporter::Export(const ProcessProfile& p) {
   PS_ASSIGN_OR_RETURN(std::string data, SerializeGzip(p.profile));
   std::string dir = absl::StrCat(dir_, "/", p.process.tgid);
-  PS_RETURN_IF_ERROR(MkdirP(dir));
+  if (!made_dirs_.contains(dir)) {
+    PS_RETURN_IF_ERROR(MkdirP(dir));
+    if (made_dirs_.size() >= 65536) made_dirs_.clear();
+    made_dirs_.insert(dir);
+  }
   std::string path = PathFor(p);
   std::string tmp = absl::StrCat(path, ".tmp");
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ENOENT) {  // the directory was removed meanwhile
+    made_dirs_.erase(dir);
+    PS_RETURN_IF_ERROR(MkdirP(dir));
+    made_dirs_.insert(dir);
+    fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  }
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", tmp));
   size_t off = 0;
   while (off < data.size()) {

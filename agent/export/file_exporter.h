@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "absl/container/flat_hash_set.h"
+
 #include "agent/export/exporter.h"
 
 namespace parascope {
@@ -21,6 +23,8 @@ class FileExporter : public Exporter {
 
  private:
   std::string dir_;
+  // Directories known to exist (cleared when it grows past 65536 entries).
+  absl::flat_hash_set<std::string> made_dirs_;
 };
 
 }  // namespace parascope

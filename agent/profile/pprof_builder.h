@@ -77,6 +77,17 @@ class PprofBuilder {
                  absl::Span<const LabelSpec> labels);
   void AddComment(absl::string_view comment);
 
+  // A memo for callers that map raw frames to Locations (the symbolizer): `key` identifies a
+  // frame (e.g. address and kind), the value is the Location id made for it in this profile.
+  // Lets repeated addresses skip symbolization. 0 = not remembered.
+  uint64_t RememberedLocation(uint64_t address, uint32_t kind) const {
+    auto it = frame_memo_.find({address, kind});
+    return it == frame_memo_.end() ? 0 : it->second;
+  }
+  void RememberLocation(uint64_t address, uint32_t kind, uint64_t location_id) {
+    frame_memo_.emplace(std::make_pair(address, kind), location_id);
+  }
+
   size_t sample_count() const { return profile_.sample_size(); }
   // Sum over samples of value[index].
   int64_t ValueSum(size_t index) const;
@@ -104,6 +115,7 @@ class PprofBuilder {
   absl::flat_hash_map<std::string, uint64_t> functions_;  // key: encoded FunctionSpec
   absl::flat_hash_map<LocationKey, uint64_t> locations_;
   absl::flat_hash_map<std::string, int> samples_;         // key: encoded locations + labels
+  absl::flat_hash_map<std::pair<uint64_t, uint32_t>, uint64_t> frame_memo_;
 };
 
 // Serializes and gzips a profile (the pprof on-disk and on-wire form). Errors: Internal from zlib.

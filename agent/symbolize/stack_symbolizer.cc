@@ -22,15 +22,23 @@ void StackSymbolizer::AddKernelFrames(PprofBuilder& builder, absl::Span<const ui
   for (size_t i = 0; i < ips.size(); ++i) {
     ++stats_.frames;
     uint64_t ip = ips[i];
-    const symbolize::KernelSymbol* sym = nullptr;
-    if (kallsyms_ != nullptr) sym = kallsyms_->Lookup(i == 0 ? ip : ip - 1);
-    if (sym == nullptr) {
-      ++stats_.kernel_no_symbol;
-      out->push_back(builder.AddLocation(mapping_id, ip, {}));
+    const uint32_t kind = i == 0 ? kKernelLeaf : kKernelCaller;
+    if (uint64_t loc = builder.RememberedLocation(ip, kind)) {
+      out->push_back(loc);
       continue;
     }
-    uint64_t fid = builder.AddFunction({sym->name, sym->name, ""});
-    out->push_back(builder.AddLocation(mapping_id, ip, {fid}));
+    const symbolize::KernelSymbol* sym = nullptr;
+    if (kallsyms_ != nullptr) sym = kallsyms_->Lookup(i == 0 ? ip : ip - 1);
+    uint64_t loc;
+    if (sym == nullptr) {
+      ++stats_.kernel_no_symbol;
+      loc = builder.AddLocation(mapping_id, ip, {});
+    } else {
+      uint64_t fid = builder.AddFunction({sym->name, sym->name, ""});
+      loc = builder.AddLocation(mapping_id, ip, {fid});
+    }
+    builder.RememberLocation(ip, kind, loc);
+    out->push_back(loc);
   }
 }
 
@@ -54,11 +62,19 @@ void StackSymbolizer::AddUserFrames(PprofBuilder& builder, const proc::ProcessKe
   for (size_t i = 0; i < ips.size(); ++i) {
     ++stats_.frames;
     uint64_t ip = ips[i];
+    const uint32_t kind = i == 0 ? kUserLeaf : kUserCaller;
+    // A builder holds one process's profile: an address it has seen needs no new lookup.
+    if (uint64_t loc = builder.RememberedLocation(ip, kind)) {
+      out->push_back(loc);
+      continue;
+    }
     uint64_t lookup_ip = i == 0 ? ip : ip - 1;
     const proc::MapEntry* m = processes_->FindMapping(process, lookup_ip);
     if (m == nullptr) {
       ++stats_.no_mapping;
-      out->push_back(builder.AddLocation(0, ip, {}));
+      uint64_t loc = builder.AddLocation(0, ip, {});
+      builder.RememberLocation(ip, kind, loc);
+      out->push_back(loc);
       continue;
     }
     MappingSpec spec;
@@ -68,15 +84,21 @@ void StackSymbolizer::AddUserFrames(PprofBuilder& builder, const proc::ProcessKe
     spec.filename = m->path.empty() ? "[anon]" : m->path;
     std::shared_ptr<const symbolize::ElfFile> elf;
     if (m->file_backed()) {
-      std::string host_path = processes_->HostPath(process, *m);
-      auto elf_or = elf_cache_->Get(host_path);
-      if (elf_or.ok()) {
-        elf = *std::move(elf_or);
-      } else {
-        ++stats_.no_elf;
-        elf_errors_log_.Log(LogLevel::kWarning, "symbolize: cannot read %s: %s", host_path,
-                            elf_or.status().ToString());
+      // One ELF cache lookup (a stat(2)) per process mapping and window.
+      auto [it, inserted] =
+          window_elfs_.try_emplace(std::make_tuple(process.tgid, process.start_boot_ns, m->start));
+      if (inserted) {
+        std::string host_path = processes_->HostPath(process, *m);
+        auto elf_or = elf_cache_->Get(host_path);
+        if (elf_or.ok()) {
+          it->second = *std::move(elf_or);
+        } else {
+          elf_errors_log_.Log(LogLevel::kWarning, "symbolize: cannot read %s: %s", host_path,
+                              elf_or.status().ToString());
+        }
       }
+      elf = it->second;
+      if (elf == nullptr) ++stats_.no_elf;
     }
     if (elf != nullptr) {
       spec.build_id = elf->build_id();
@@ -89,14 +111,19 @@ void StackSymbolizer::AddUserFrames(PprofBuilder& builder, const proc::ProcessKe
                                                              spec.file_offset);
       if (vaddr) sym = elf->Lookup(*vaddr);
     }
+    uint64_t loc;
     if (sym == nullptr) {
       if (elf != nullptr) ++stats_.no_symbol;
-      out->push_back(builder.AddLocation(mapping_id, ip, {}));
-      continue;
+      loc = builder.AddLocation(mapping_id, ip, {});
+    } else {
+      uint64_t fid = builder.AddFunction({sym->name, sym->system_name, ""});
+      loc = builder.AddLocation(mapping_id, ip, {fid});
     }
-    uint64_t fid = builder.AddFunction({sym->name, sym->system_name, ""});
-    out->push_back(builder.AddLocation(mapping_id, ip, {fid}));
+    builder.RememberLocation(ip, kind, loc);
+    out->push_back(loc);
   }
 }
+
+void StackSymbolizer::EndWindow() { window_elfs_.clear(); }
 
 }  // namespace parascope

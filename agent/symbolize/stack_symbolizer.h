@@ -6,6 +6,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <tuple>
+
+#include "absl/container/flat_hash_map.h"
 #include <vector>
 
 #include "absl/types/span.h"
@@ -17,7 +20,8 @@
 
 namespace parascope {
 
-// Counters of a StackSymbolizer (monotonic).
+// Counters of a StackSymbolizer (monotonic). Frames are counted once per distinct address and
+// kind (leaf / caller) in each profile: repeated addresses reuse their Location.
 struct SymbolizerStats {
   uint64_t frames = 0;           // user + kernel frames resolved
   uint64_t no_mapping = 0;       // user ip outside every mapping (process gone or JIT)
@@ -51,6 +55,9 @@ class StackSymbolizer {
 
   const SymbolizerStats& stats() const { return stats_; }
 
+  // Forgets the per-window file lookups (files may be replaced between windows).
+  void EndWindow();
+
   // Name of the kernel mapping (perf's convention, SPEC section 3).
   static constexpr char kKernelMapping[] = "[kernel.kallsyms]";
 
@@ -60,6 +67,13 @@ class StackSymbolizer {
   const symbolize::Kallsyms* kallsyms_;
   SymbolizerStats stats_;
   RateLimitedLog elf_errors_log_;
+  // Frame kinds for PprofBuilder's location memo: leaf frames are symbolized at ip, callers at
+  // ip - 1, so the same address can map to different lines.
+  static constexpr uint32_t kUserLeaf = 0, kUserCaller = 1, kKernelLeaf = 2, kKernelCaller = 3;
+  // (tgid, start ns, mapping start) -> ELF file (nullptr: unreadable), this window.
+  absl::flat_hash_map<std::tuple<uint32_t, uint64_t, uint64_t>,
+                      std::shared_ptr<const symbolize::ElfFile>>
+      window_elfs_;
 };
 
 }  // namespace parascope
