@@ -16,11 +16,10 @@ namespace {
 
 // grpc::StatusCode names in code order (grpcpp/support/status_code_enum.h).
 constexpr const char* kGrpcCodeNames[] = {
-    "OK",        "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED", "NOT_FOUND",  "ALREADY_EXISTS",    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-    "UNIMPLEMENTED", "INTERNAL",       "UNAVAILABLE",       "DATA_LOSS",
-    "UNAUTHENTICATED"};
+    "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+    "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+    "DATA_LOSS", "UNAUTHENTICATED"};
 constexpr int kNumGrpcCodes = sizeof(kGrpcCodeNames) / sizeof(kGrpcCodeNames[0]);
 
 bool IsTokenChar(char c) {
@@ -117,10 +116,10 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> PushHeaders(
     return absl::InvalidArgumentError("a basic auth password needs --basic-auth-user");
   }
   if (!options.basic_auth_user.empty()) {
-    out.emplace_back("Authorization",
-                     absl::StrCat("Basic ", absl::Base64Escape(absl::StrCat(
-                                                options.basic_auth_user, ":",
-                                                options.basic_auth_password))));
+    out.emplace_back(
+        "Authorization",
+        absl::StrCat("Basic ", absl::Base64Escape(absl::StrCat(options.basic_auth_user, ":",
+                                                               options.basic_auth_password))));
   } else if (!options.bearer_token.empty()) {
     out.emplace_back("Authorization", absl::StrCat("Bearer ", options.bearer_token));
   }
@@ -130,12 +129,12 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> PushHeaders(
           absl::StrCat("--remote-header \"", name, "\": the name must be an HTTP token"));
     }
     if (value.find_first_of(std::string("\r\n\0", 3)) != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--remote-header \"", name, "\": the value must not contain CR, LF or NUL"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--remote-header \"", name, "\": the value must not contain CR, LF or NUL"));
     }
     std::string lower = absl::AsciiStrToLower(name);
-    if (lower == "content-type" || lower == "content-length" || lower == "host" ||
-        lower == "te" || lower == "transfer-encoding" || lower == "connection" ||
+    if (lower == "content-type" || lower == "content-length" || lower == "host" || lower == "te" ||
+        lower == "transfer-encoding" || lower == "connection" ||
         absl::StartsWith(lower, "connect-") || absl::StartsWith(lower, "grpc-")) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--remote-header \"", name, "\": this header is set by the push protocol itself"));
@@ -180,21 +179,36 @@ int GrpcCodeFromName(absl::string_view name) {
 
 int ConnectHttpStatus(int grpc_code) {
   switch (grpc_code) {
-    case 0: return 200;
-    case 1: return 499;
-    case 3: return 400;   // INVALID_ARGUMENT
-    case 4: return 504;   // DEADLINE_EXCEEDED
-    case 5: return 404;   // NOT_FOUND
-    case 6: return 409;   // ALREADY_EXISTS
-    case 7: return 403;   // PERMISSION_DENIED
-    case 8: return 429;   // RESOURCE_EXHAUSTED
-    case 9: return 400;   // FAILED_PRECONDITION
-    case 10: return 409;  // ABORTED
-    case 11: return 400;  // OUT_OF_RANGE
-    case 12: return 501;  // UNIMPLEMENTED
-    case 14: return 503;  // UNAVAILABLE
-    case 16: return 401;  // UNAUTHENTICATED
-    default: return 500;  // UNKNOWN, INTERNAL, DATA_LOSS, anything else
+    case 0:
+      return 200;
+    case 1:
+      return 499;
+    case 3:
+      return 400;  // INVALID_ARGUMENT
+    case 4:
+      return 504;  // DEADLINE_EXCEEDED
+    case 5:
+      return 404;  // NOT_FOUND
+    case 6:
+      return 409;  // ALREADY_EXISTS
+    case 7:
+      return 403;  // PERMISSION_DENIED
+    case 8:
+      return 429;  // RESOURCE_EXHAUSTED
+    case 9:
+      return 400;  // FAILED_PRECONDITION
+    case 10:
+      return 409;  // ABORTED
+    case 11:
+      return 400;  // OUT_OF_RANGE
+    case 12:
+      return 501;  // UNIMPLEMENTED
+    case 14:
+      return 503;  // UNAVAILABLE
+    case 16:
+      return 401;  // UNAUTHENTICATED
+    default:
+      return 500;  // UNKNOWN, INTERNAL, DATA_LOSS, anything else
   }
 }
 

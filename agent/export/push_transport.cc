@@ -1,6 +1,7 @@
 #include "agent/export/push_transport.h"
 
 #include <curl/curl.h>
+#include <grpc/support/log.h>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/proc/read_file.h"
+#include "agent/util/log.h"
 #include "agent/util/status.h"
 #include "proto/push.grpc.pb.h"
 
@@ -63,16 +65,32 @@ std::string JsonStringField(absl::string_view json, absl::string_view key) {
 
 // ---- gRPC ----
 
+// gRPC's own log lines (e.g. one per failed TLS handshake, every reconnect attempt) go to the
+// agent's log at debug level: the exporter logs endpoint state changes itself, once.
+void GrpcLogToDebug(gpr_log_func_args* args) {
+  Log(LogLevel::kDebug, "grpc %s:%d: %s", args->file, args->line, args->message);
+}
+
 class GrpcTransport : public PushTransport {
  public:
   GrpcTransport(std::shared_ptr<grpc::Channel> channel,
                 std::vector<std::pair<std::string, std::string>> headers)
-      : stub_(push::v1::PusherService::NewStub(channel)), headers_(std::move(headers)) {
+      : channel_(channel),
+        stub_(push::v1::PusherService::NewStub(channel)),
+        headers_(std::move(headers)) {
     // gRPC metadata keys are lowercase.
     for (auto& h : headers_) h.first = absl::AsciiStrToLower(h.first);
   }
 
   PushResult Push(const push::v1::PushRequest& request, absl::Duration timeout) override {
+    if (channel_->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY) {
+      // The synchronous API polls a channel's connections only while a call or a watch is
+      // pending, and a fail-fast call in TRANSIENT_FAILURE does not wait: a reconnect to a
+      // recovered server would be noticed only by gRPC's 5 s backup poller. Watching the state
+      // for a moment drives the connection attempt; the call below then reports its outcome.
+      absl::Duration wait = std::min(timeout / 2, absl::Seconds(1));
+      channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + wait));
+    }
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     for (const auto& [k, v] : headers_) ctx.AddMetadata(k, v);
@@ -106,6 +124,7 @@ class GrpcTransport : public PushTransport {
   }
 
  private:
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<push::v1::PusherService::Stub> stub_;
   std::vector<std::pair<std::string, std::string>> headers_;
   absl::Mutex mu_;
@@ -116,6 +135,8 @@ class GrpcTransport : public PushTransport {
 absl::StatusOr<std::unique_ptr<PushTransport>> MakeGrpc(
     const PyroscopeOptions& o, const RemoteUrl& url,
     std::vector<std::pair<std::string, std::string>> headers) {
+  static std::once_flag log_once;
+  std::call_once(log_once, [] { gpr_set_log_function(GrpcLogToDebug); });
   if (!url.path.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--remote-url \"", o.url,
@@ -149,8 +170,9 @@ absl::StatusOr<std::unique_ptr<PushTransport>> MakeGrpc(
   };
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, ms(o.backoff_initial));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, ms(o.backoff_max));
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(url.Authority(), creds, args);
+  // Re-resolve a moved endpoint's name sooner than the default 30 s.
+  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 5000);
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(url.Authority(), creds, args);
   return std::make_unique<GrpcTransport>(std::move(channel), std::move(headers));
 }
 
@@ -321,15 +343,14 @@ absl::StatusOr<std::unique_ptr<PushTransport>> MakeConnect(
 absl::StatusOr<std::unique_ptr<PushTransport>> MakePushTransport(const PyroscopeOptions& o,
                                                                  const RemoteUrl& url) {
   if (o.protocol != "grpc" && o.protocol != "connect") {
-    return absl::InvalidArgumentError(absl::StrCat("--remote-protocol \"", o.protocol,
-                                                   "\": must be grpc or connect"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--remote-protocol \"", o.protocol, "\": must be grpc or connect"));
   }
-  bool any_tls_file = !o.tls_ca_file.empty() || !o.tls_cert_file.empty() ||
-                      !o.tls_key_file.empty();
+  bool any_tls_file = !o.tls_ca_file.empty() || !o.tls_cert_file.empty() || !o.tls_key_file.empty();
   if (any_tls_file && !url.tls()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--tls-ca-file/--tls-cert-file/--tls-key-file need an https:// --remote-url, got \"",
-        o.url, "\""));
+        "--tls-ca-file/--tls-cert-file/--tls-key-file need an https:// --remote-url, got \"", o.url,
+        "\""));
   }
   if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
     return absl::InvalidArgumentError("--tls-cert-file and --tls-key-file go together");

@@ -46,15 +46,14 @@ absl::StatusOr<std::unique_ptr<PyroscopeExporter>> PyroscopeExporter::CreateWith
   PS_RETURN_IF_ERROR(ValidateOptions(options));
   PS_ASSIGN_OR_RETURN(RemoteUrl url, ParseRemoteUrl(options.url));
   if (transport == nullptr) return absl::InvalidArgumentError("no push transport");
-  std::unique_ptr<PyroscopeExporter> e(new PyroscopeExporter(
-      std::move(options), std::move(url), std::move(labels), std::move(transport),
-      now ? std::move(now) : absl::Now));
+  std::unique_ptr<PyroscopeExporter> e(
+      new PyroscopeExporter(std::move(options), std::move(url), std::move(labels),
+                            std::move(transport), now ? std::move(now) : absl::Now));
   e->sender_ = std::thread(&PyroscopeExporter::SenderLoop, e.get());
   return e;
 }
 
-PyroscopeExporter::PyroscopeExporter(PyroscopeOptions options, RemoteUrl url,
-                                     SeriesLabelsFn labels,
+PyroscopeExporter::PyroscopeExporter(PyroscopeOptions options, RemoteUrl url, SeriesLabelsFn labels,
                                      std::unique_ptr<PushTransport> transport,
                                      std::function<absl::Time()> now)
     : options_(std::move(options)),
@@ -80,14 +79,35 @@ absl::Status PyroscopeExporter::Export(const ProcessProfile& p) {
     }
   }
 
+  // Copied only when something has to change.
   const perftools::profiles::Profile* profile = &p.profile;
-  perftools::profiles::Profile trimmed;
+  perftools::profiles::Profile edited;
+  bool other_labels = false;
+  for (const auto& s : p.profile.sample()) {
+    for (const auto& l : s.label()) {
+      static const std::string kNone;
+      const std::string& key = l.key() >= 0 && l.key() < p.profile.string_table_size()
+                                   ? p.profile.string_table(l.key())
+                                   : kNone;
+      if (std::find(options_.sample_label_keys.begin(), options_.sample_label_keys.end(), key) ==
+          options_.sample_label_keys.end()) {
+        other_labels = true;
+        break;
+      }
+    }
+    if (other_labels) break;
+  }
+  if (other_labels) {
+    edited = p.profile;
+    KeepSampleLabels(&edited, options_.sample_label_keys);
+    profile = &edited;
+  }
   size_t folded = 0;
-  if (p.profile.sample_size() > static_cast<int>(kServerMaxSamples) ||
-      p.profile.ByteSizeLong() > kServerMaxProfileBytes) {
-    trimmed = p.profile;
-    folded = TrimForServerLimits(&trimmed, kServerMaxSamples, kServerMaxProfileBytes);
-    profile = &trimmed;
+  if (profile->sample_size() > static_cast<int>(kServerMaxSamples) ||
+      profile->ByteSizeLong() > kServerMaxProfileBytes) {
+    if (profile != &edited) edited = p.profile;
+    folded = TrimForServerLimits(&edited, kServerMaxSamples, kServerMaxProfileBytes);
+    profile = &edited;
   }
   PS_ASSIGN_OR_RETURN(std::string gz, SerializeGzip(*profile));
   push::v1::RawSample* sample = series->add_samples();
@@ -148,8 +168,8 @@ void PyroscopeExporter::MarkDownLocked(const PushResult& r) {
   down_since_ = now_();
   retries_at_down_ = stats_.retries;
   Log(LogLevel::kWarning,
-      "push endpoint %s (%s) down: %s; retrying with backoff (queue %d of %d bytes)",
-      url_.Base(), options_.protocol, r.message, stats_.queue_bytes, options_.queue_max_bytes);
+      "push endpoint %s (%s) down: %s; retrying with backoff (queue %d of %d bytes)", url_.Base(),
+      options_.protocol, r.message, stats_.queue_bytes, options_.queue_max_bytes);
 }
 
 bool PyroscopeExporter::ReadyLocked() const {
@@ -175,6 +195,7 @@ void PyroscopeExporter::SenderLoop() {
       continue;
     }
     item->in_flight = true;
+    const bool was_stopping = stopping_;
 
     mu_.Unlock();
     PushResult r = transport_->Push(item->request, timeout);
@@ -202,8 +223,8 @@ void PyroscopeExporter::SenderLoop() {
         attempt = 0;
         MarkUpLocked();
         rejected_log_.Log(LogLevel::kWarning,
-                          "push to %s rejected, profile dropped (not retryable): %s",
-                          url_.Base(), r.message);
+                          "push to %s rejected, profile dropped (not retryable): %s", url_.Base(),
+                          r.message);
       } else {
         MarkDownLocked(r);
         if (item->evicted) {
@@ -217,9 +238,12 @@ void PyroscopeExporter::SenderLoop() {
         attempt = std::min(attempt + 1, 64);
       }
     }
-    // Back off; a shutdown request shortens the wait to its deadline.
+    // Back off. A shutdown requested since this attempt began ends the wait: one more attempt
+    // at once (the endpoint may be back while the backoff has grown long); later waits end at
+    // its deadline.
     absl::Time wake = absl::Now() + wait;
     for (;;) {
+      if (stopping_ && !was_stopping) break;
       absl::Time limit = stopping_ ? std::min(wake, shutdown_deadline_) : wake;
       if (absl::Now() >= limit) break;
       cv_.WaitWithDeadline(&mu_, limit);

@@ -50,19 +50,19 @@ class PyroscopeExporter : public Exporter {
   // e.g. HTTP 400/401/403 or INVALID_ARGUMENT), "expired" (older than max_profile_age when its
   // turn came), "shutdown" (still queued when Shutdown's time ran out).
   struct Stats {
-    uint64_t enqueued = 0;         // requests accepted by Export
-    uint64_t sent = 0;             // requests the server acknowledged
-    uint64_t bytes_sent = 0;       // serialized request bytes of those
-    uint64_t retries = 0;          // failed attempts that were retried
+    uint64_t enqueued = 0;                     // requests accepted by Export
+    uint64_t sent = 0;                         // requests the server acknowledged
+    uint64_t bytes_sent = 0;                   // serialized request bytes of those
+    uint64_t retries = 0;                      // failed attempts that were retried
     std::map<std::string, uint64_t> dropped;   // reason -> requests
     std::map<std::string, uint64_t> failures;  // failure code (PushResult::code) -> attempts
-    uint64_t profiles_trimmed = 0;  // profiles folded to fit the server's limits
-    uint64_t samples_folded = 0;    // samples folded into [other] in those
-    size_t queue_bytes = 0;         // current queue size (serialized requests)
-    size_t queue_length = 0;        // current queued requests
-    std::string last_error;         // detail of the latest failed attempt ("" if none yet)
-    bool endpoint_up = true;        // false after a retryable failure, until the next response
-    bool ready = true;              // Ready() at the time of the snapshot
+    uint64_t profiles_trimmed = 0;             // profiles folded to fit the server's limits
+    uint64_t samples_folded = 0;               // samples folded into [other] in those
+    size_t queue_bytes = 0;                    // current queue size (serialized requests)
+    size_t queue_length = 0;                   // current queued requests
+    std::string last_error;   // detail of the latest failed attempt ("" if none yet)
+    bool endpoint_up = true;  // false after a retryable failure, until the next response
+    bool ready = true;        // Ready() at the time of the snapshot
   };
 
   // Validates `options` and builds the transport (see MakePushTransport). `labels` gives each
@@ -80,13 +80,15 @@ class PyroscopeExporter : public Exporter {
   ~PyroscopeExporter() override;  // Shutdown()
 
   // Labels = labels(profile) plus __name__ = profile.type (a `__name__` from labels() is
-  // replaced). Trims the profile to kServerMaxSamples / kServerMaxProfileBytes if needed,
+  // replaced). Removes sample labels not in options.sample_label_keys (KeepSampleLabels), trims
+  // the profile to kServerMaxSamples / kServerMaxProfileBytes if needed (TrimForServerLimits),
   // serializes it (gzip) and enqueues one request. Errors: FailedPrecondition after Shutdown;
   // Internal if gzip fails. Dropping for space is not an error (it is counted).
   absl::Status Export(const ProcessProfile& profile) override;
 
-  // Keeps delivering the queue for at most options.shutdown_timeout (no attempt outlives it),
-  // then stops the sender thread; whatever is still queued is dropped (reason "shutdown").
+  // Keeps delivering the queue for at most options.shutdown_timeout (no attempt outlives it;
+  // a pending backoff is cut short for one immediate attempt), then stops the sender thread;
+  // whatever is still queued is dropped (reason "shutdown").
   // Idempotent; Export fails afterwards.
   void Shutdown();
 

@@ -190,6 +190,45 @@ Profile Fold(const Profile& in, const std::vector<int>& order, size_t k, bool gr
 
 }  // namespace
 
+size_t KeepSampleLabels(Profile* profile, const std::vector<std::string>& keep) {
+  const int64_t n_strings = profile->string_table_size();
+  std::vector<bool> kept_key(n_strings, false);
+  for (int64_t i = 0; i < n_strings; ++i) {
+    kept_key[i] = std::find(keep.begin(), keep.end(), profile->string_table(i)) != keep.end();
+  }
+  auto keeps = [&](const perftools::profiles::Label& l) {
+    return l.key() >= 0 && l.key() < n_strings && kept_key[l.key()];
+  };
+  size_t removed = 0;
+  for (const auto& s : profile->sample()) {
+    for (const auto& l : s.label()) removed += !keeps(l);
+  }
+  if (removed == 0) return 0;
+
+  google::protobuf::RepeatedPtrField<Sample> merged;
+  absl::flat_hash_map<std::string, int> index;  // locations + remaining labels -> merged index
+  for (auto& s : *profile->mutable_sample()) {
+    auto* labels = s.mutable_label();
+    labels->erase(
+        std::remove_if(labels->begin(), labels->end(), [&](const auto& l) { return !keeps(l); }),
+        labels->end());
+    std::string key;
+    for (uint64_t id : s.location_id()) absl::StrAppend(&key, id, ",");
+    absl::StrAppend(&key, "|", LabelSetKey(s));
+    auto [it, inserted] = index.try_emplace(key, merged.size());
+    if (inserted) {
+      *merged.Add() = std::move(s);
+      continue;
+    }
+    Sample* into = merged.Mutable(it->second);
+    while (into->value_size() < s.value_size()) into->add_value(0);
+    for (int v = 0; v < s.value_size(); ++v) into->set_value(v, into->value(v) + s.value(v));
+  }
+  profile->mutable_sample()->Swap(&merged);
+  Compact(profile);
+  return removed;
+}
+
 size_t TrimForServerLimits(Profile* profile, size_t max_samples, size_t max_bytes) {
   max_samples = std::max<size_t>(max_samples, 2);
   const size_t n = profile->sample_size();
@@ -203,8 +242,7 @@ size_t TrimForServerLimits(Profile* profile, size_t max_samples, size_t max_byte
   };
   std::vector<int> order(n);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return weight(a) < weight(b); });
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return weight(a) < weight(b); });
 
   // Distinct label sets among the k smallest, and whether they are kept apart (at most half the
   // sample budget goes to [other] samples, so folding everything always fits).

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
+#include <vector>
 
 #include "proto/profile.pb.h"
 
@@ -33,5 +35,14 @@ inline constexpr size_t kMaxOtherLabelSets = 64;
 // `max_bytes` (a huge string table of comments), the fully folded profile is the result.
 size_t TrimForServerLimits(perftools::profiles::Profile* profile, size_t max_samples,
                            size_t max_bytes);
+
+// SPEC section 3: Pyroscope turns every string sample label into a series label, so pushed
+// profiles keep only low-cardinality ones. Removes every sample label whose key is not in
+// `keep` (e.g. `thread_name`, numeric `tid`), merges samples that become identical (same
+// locations and remaining labels; values added, first occurrence's position kept), and drops
+// strings nothing refers to any more. Returns the number of labels removed (0: the profile is
+// untouched).
+size_t KeepSampleLabels(perftools::profiles::Profile* profile,
+                        const std::vector<std::string>& keep);
 
 }  // namespace parascope

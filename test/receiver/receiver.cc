@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -77,19 +78,31 @@ void Emit(const std::string& line) {
 // The gRPC code an injected HTTP status stands for (inverse of Connect's mapping).
 int GrpcCodeForHttp(int status) {
   switch (status) {
-    case 400: return 3;
-    case 401: return 16;
-    case 403: return 7;
-    case 404: return 5;
-    case 408: return 4;
-    case 409: return 10;
-    case 429: return 8;
-    case 499: return 1;
-    case 501: return 12;
+    case 400:
+      return 3;
+    case 401:
+      return 16;
+    case 403:
+      return 7;
+    case 404:
+      return 5;
+    case 408:
+      return 4;
+    case 409:
+      return 10;
+    case 429:
+      return 8;
+    case 499:
+      return 1;
+    case 501:
+      return 12;
     case 502:
-    case 503: return 14;
-    case 504: return 4;
-    default: return status >= 500 ? 13 : 2;
+    case 503:
+      return 14;
+    case 504:
+      return 4;
+    default:
+      return status >= 500 ? 13 : 2;
   }
 }
 
@@ -157,10 +170,9 @@ class Receiver {
     } else if (answer.ok && strict_ && rec.violations_size() > 0) {
       answer = Answer{false, 400, 3, absl::StrJoin(rec.violations(), "; ")};
     }
-    rec.set_result(answer.ok ? "ok"
-                   : protocol == "grpc"
-                       ? absl::StrCat("grpc ", GrpcCodeName(answer.grpc_code))
-                       : absl::StrCat("http ", answer.http_status));
+    rec.set_result(answer.ok            ? "ok"
+                   : protocol == "grpc" ? absl::StrCat("grpc ", GrpcCodeName(answer.grpc_code))
+                                        : absl::StrCat("http ", answer.http_status));
     Log(rec);
     if (delay_ms > 0) {
       // Interrupted by `refuse`, so a stopping server does not wait for it.
@@ -172,8 +184,7 @@ class Receiver {
           return r->refuse_generation_ != generation;
         }
       } refused{this, refuse_generation_};
-      mu_.AwaitWithTimeout(absl::Condition(&refused, &Refused::Done),
-                           absl::Milliseconds(delay_ms));
+      mu_.AwaitWithTimeout(absl::Condition(&refused, &Refused::Done), absl::Milliseconds(delay_ms));
     }
     {
       absl::MutexLock l(&mu_);
@@ -280,8 +291,7 @@ class Receiver {
       if (name.empty()) rec->add_violations("no __name__ label");
       if (!sr->labels().contains("service_name")) rec->add_violations("no service_name label");
       if (series.samples_size() != 1) {
-        rec->add_violations(
-            absl::StrCat("samples=", series.samples_size(), " (one per series)"));
+        rec->add_violations(absl::StrCat("samples=", series.samples_size(), " (one per series)"));
       }
       for (int i = 0; i < series.samples_size(); ++i) {
         const auto& s = series.samples(i);
@@ -309,8 +319,7 @@ class Receiver {
     }
   }
 
-  static void Summarize(const perftools::profiles::Profile& p, ProfileSummary* s,
-                        PushRecord* rec) {
+  static void Summarize(const perftools::profiles::Profile& p, ProfileSummary* s, PushRecord* rec) {
     auto str = [&](int64_t i) -> std::string {
       return i >= 0 && i < p.string_table_size() ? p.string_table(i) : "?";
     };
@@ -325,8 +334,8 @@ class Receiver {
       s->add_totals(0);
     }
     if (p.has_period_type()) {
-      s->set_period_type(absl::StrCat(str(p.period_type().type()), "/",
-                                      str(p.period_type().unit())));
+      s->set_period_type(
+          absl::StrCat(str(p.period_type().type()), "/", str(p.period_type().unit())));
     }
     s->set_period(p.period());
     s->set_samples(p.sample_size());
@@ -348,8 +357,8 @@ class Receiver {
       rec->add_violations(absl::StrCat(p.sample_size(), " samples (at most 16000)"));
     }
     if (p.ByteSizeLong() >= (2u << 20)) {
-      rec->add_violations(absl::StrCat("uncompressed profile ", p.ByteSizeLong(),
-                                       " bytes (under 2 MiB)"));
+      rec->add_violations(
+          absl::StrCat("uncompressed profile ", p.ByteSizeLong(), " bytes (under 2 MiB)"));
     }
     absl::Time t = absl::FromUnixNanos(p.time_nanos());
     if (absl::Now() - t > absl::Hours(1)) rec->add_violations("time_nanos older than an hour");
@@ -394,7 +403,7 @@ class Receiver {
   absl::Mutex mu_;
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t requests_ ABSL_GUARDED_BY(mu_) = 0, ok_ ABSL_GUARDED_BY(mu_) = 0,
-           failed_ ABSL_GUARDED_BY(mu_) = 0;
+                     failed_ ABSL_GUARDED_BY(mu_) = 0;
   int fail_remaining_ ABSL_GUARDED_BY(mu_) = 0;
   int fail_http_ ABSL_GUARDED_BY(mu_) = 503, fail_grpc_ ABSL_GUARDED_BY(mu_) = 14;
   int delay_ms_ ABSL_GUARDED_BY(mu_) = 0;
@@ -472,9 +481,8 @@ class Listeners {
       int port;
       if (!SplitHostPort(grpc_addr, &host, &port)) return "bad --grpc-address";
       if (grpc_port_ != 0) port = grpc_port_;
-      std::string bind = host.find(':') != std::string::npos
-                             ? absl::StrCat("[", host, "]:", port)
-                             : absl::StrCat(host, ":", port);
+      std::string bind = host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
+                                                             : absl::StrCat(host, ":", port);
       grpc_service_ = std::make_unique<PusherService>(r_);
       grpc::ServerBuilder b;
       int selected = 0;
@@ -495,13 +503,15 @@ class Listeners {
       if (http_port_ != 0) port = http_port_;
       if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
         std::string ca = absl::GetFlag(FLAGS_tls_client_ca);
-        http_ = std::make_unique<httplib::SSLServer>(
-            absl::GetFlag(FLAGS_tls_cert).c_str(), absl::GetFlag(FLAGS_tls_key).c_str(),
-            ca.empty() ? nullptr : ca.c_str());
+        http_ = std::make_unique<httplib::SSLServer>(absl::GetFlag(FLAGS_tls_cert).c_str(),
+                                                     absl::GetFlag(FLAGS_tls_key).c_str(),
+                                                     ca.empty() ? nullptr : ca.c_str());
       } else {
         http_ = std::make_unique<httplib::Server>();
       }
       if (!http_->is_valid()) return "cannot set up the HTTP server (TLS files?)";
+      // An idle keep-alive connection holds up stop() (refuse) for this long.
+      http_->set_keep_alive_timeout(1);
       Routes(http_.get());
       if (port == 0) {
         port = http_->bind_to_any_port(host);
@@ -511,7 +521,16 @@ class Listeners {
       }
       http_port_ = port;
       // The socket listens once bound: connections queue until the accept loop runs.
-      http_thread_ = std::thread([s = http_.get()] { s->listen_after_bind(); });
+      auto done = std::make_shared<std::atomic<bool>>(false);
+      http_thread_ = std::thread([s = http_.get(), done] {
+        s->listen_after_bind();
+        *done = true;
+      });
+      // httplib's stop() is a no-op until the accept loop runs: wait for it, so a `refuse`
+      // right after `accept` cannot miss it.
+      while (!http_->is_running() && !*done) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
     }
     running_ = true;
     return "";
@@ -561,39 +580,39 @@ class Listeners {
       }
       return control_(line);
     });
-    s->Post("/push.v1.PusherService/Push", [this](const httplib::Request& req,
-                                                  httplib::Response& res) {
-      std::map<std::string, std::string> headers;
-      for (const auto& [k, v] : req.headers) {
-        std::string key = absl::AsciiStrToLower(k);
-        if (key == "remote_addr" || key == "remote_port" || key == "local_addr" ||
-            key == "local_port") {
-          continue;  // httplib's pseudo-headers
-        }
-        headers[key] = v;
-      }
-      std::string problem;
-      push::v1::PushRequest request;
-      bool parsed = false;
-      std::string ct = req.get_header_value("Content-Type");
-      if (ct != "application/proto") {
-        problem = absl::StrCat("Content-Type \"", ct, "\" (want application/proto)");
-      } else if (!request.ParseFromString(req.body)) {
-        problem = "body is not a push.v1.PushRequest";
-      } else {
-        parsed = true;
-      }
-      Answer a = r_->Handle("connect", headers, parsed ? &request : nullptr, problem);
-      if (a.ok) {
-        res.status = 200;
-        res.set_content("", "application/proto");  // an empty PushResponse
-        return;
-      }
-      res.status = a.http_status;
-      std::string code = absl::AsciiStrToLower(GrpcCodeName(a.grpc_code));
-      res.set_content(absl::StrCat("{\"code\":\"", code, "\",\"message\":\"", a.message, "\"}"),
-                      "application/json");
-    });
+    s->Post(
+        "/push.v1.PusherService/Push", [this](const httplib::Request& req, httplib::Response& res) {
+          std::map<std::string, std::string> headers;
+          for (const auto& [k, v] : req.headers) {
+            std::string key = absl::AsciiStrToLower(k);
+            if (key == "remote_addr" || key == "remote_port" || key == "local_addr" ||
+                key == "local_port") {
+              continue;  // httplib's pseudo-headers
+            }
+            headers[key] = v;
+          }
+          std::string problem;
+          push::v1::PushRequest request;
+          bool parsed = false;
+          std::string ct = req.get_header_value("Content-Type");
+          if (ct != "application/proto") {
+            problem = absl::StrCat("Content-Type \"", ct, "\" (want application/proto)");
+          } else if (!request.ParseFromString(req.body)) {
+            problem = "body is not a push.v1.PushRequest";
+          } else {
+            parsed = true;
+          }
+          Answer a = r_->Handle("connect", headers, parsed ? &request : nullptr, problem);
+          if (a.ok) {
+            res.status = 200;
+            res.set_content("", "application/proto");  // an empty PushResponse
+            return;
+          }
+          res.status = a.http_status;
+          std::string code = absl::AsciiStrToLower(GrpcCodeName(a.grpc_code));
+          res.set_content(absl::StrCat("{\"code\":\"", code, "\",\"message\":\"", a.message, "\"}"),
+                          "application/json");
+        });
   }
 
   Receiver* r_;

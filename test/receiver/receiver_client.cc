@@ -1,5 +1,7 @@
 #include "test/receiver/receiver_client.h"
 
+#include <signal.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
@@ -14,8 +16,12 @@ namespace parascope::testing {
 
 TestReceiver::TestReceiver(const std::vector<std::string>& args) {
   // stderr goes to a file: a pipe nobody reads could fill up and stall the receiver.
-  std::vector<std::string> argv = {"/bin/sh", "-c", "f=$1; shift; exec \"$@\" 2>>\"$f\"", "sh",
-                                   dir_.path() + "/receiver.stderr", PS_RECEIVER_BIN,
+  std::vector<std::string> argv = {"/bin/sh",
+                                   "-c",
+                                   "f=$1; shift; exec \"$@\" 2>>\"$f\"",
+                                   "sh",
+                                   dir_.path() + "/receiver.stderr",
+                                   PS_RECEIVER_BIN,
                                    "--record=" + dir_.path() + "/record.jsonl",
                                    "--profile-dir=" + dir_.path() + "/profiles"};
   argv.insert(argv.end(), args.begin(), args.end());
@@ -29,9 +35,31 @@ TestReceiver::TestReceiver(const std::vector<std::string>& args) {
   REQUIRE(absl::SimpleAtoi(kv["grpc"], &grpc_port_));
   REQUIRE(absl::SimpleAtoi(kv["http"], &http_port_));
   REQUIRE(absl::SimpleAtoi(kv["control"], &control_port_));
+  reader_ = std::thread([this] { ReadLoop(); });
 }
 
-TestReceiver::~TestReceiver() = default;
+TestReceiver::~TestReceiver() {
+  // Killing the receiver ends its stdout, which ends the reader thread.
+  if (child_ != nullptr) kill(child_->pid(), SIGKILL);
+  if (reader_.joinable()) reader_.join();
+}
+
+void TestReceiver::ReadLoop() {
+  std::string line;
+  // Only this thread reads the child's stdout; the test thread only writes its stdin.
+  while (child_->ReadStdoutLine(&line, 3600)) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (absl::StartsWith(line, "push ")) {
+      events_.push_back(KeyValues(line));
+    } else if (absl::StartsWith(line, "ok") || absl::StartsWith(line, "error")) {
+      replies_.push_back(line);
+    }
+    cv_.notify_all();
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  eof_ = true;
+  cv_.notify_all();
+}
 
 std::string TestReceiver::GrpcUrl(bool tls) const {
   return absl::StrCat(tls ? "https" : "http", "://127.0.0.1:", grpc_port_);
@@ -41,49 +69,46 @@ std::string TestReceiver::HttpUrl(bool tls) const {
   return absl::StrCat(tls ? "https" : "http", "://127.0.0.1:", http_port_);
 }
 
-bool TestReceiver::ReadEvent(int timeout_s) {
-  std::string line;
-  if (!child_->ReadStdoutLine(&line, timeout_s)) return false;
-  if (absl::StartsWith(line, "push ")) {
-    events_.push_back(KeyValues(line));
-  } else if (absl::StartsWith(line, "ok") || absl::StartsWith(line, "error")) {
-    pending_reply_ = line;
-  }
-  return true;
+void TestReceiver::Command(const std::string& command) {
+  child_->WriteStdin(command + "\n");
+  std::unique_lock<std::mutex> l(mu_);
+  bool got = cv_.wait_for(l, std::chrono::seconds(30), [&] { return !replies_.empty() || eof_; });
+  INFO("command " << command << "; receiver stderr: " << Stderr());
+  REQUIRE(got);
+  REQUIRE(!replies_.empty());
+  std::string reply = replies_.front();
+  replies_.pop_front();
+  INFO("reply " << reply);
+  REQUIRE(absl::StartsWith(reply, "ok"));
 }
 
-void TestReceiver::Command(const std::string& command) {
-  pending_reply_.clear();
-  child_->WriteStdin(command + "\n");
-  while (pending_reply_.empty()) {
-    bool got = ReadEvent(30);
-    INFO("command " << command << "; receiver stderr: " << Stderr());
-    REQUIRE(got);
-  }
-  INFO("command " << command);
-  REQUIRE(absl::StartsWith(pending_reply_, "ok"));
+std::vector<TestReceiver::Event> TestReceiver::events() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return events_;
 }
 
 bool TestReceiver::WaitFor(const std::function<bool(const std::vector<Event>&)>& done,
                            int timeout_s) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  while (!done(events_)) {
-    auto left = std::chrono::duration_cast<std::chrono::seconds>(
-                    deadline - std::chrono::steady_clock::now())
-                    .count();
-    if (left <= 0 || !ReadEvent(static_cast<int>(left))) return done(events_);
-  }
-  return true;
+  std::unique_lock<std::mutex> l(mu_);
+  return cv_.wait_for(l, std::chrono::seconds(timeout_s), [&] { return done(events_) || eof_; }) &&
+         done(events_);
 }
 
-size_t TestReceiver::CountOk() const {
+namespace {
+size_t CountOkIn(const std::vector<TestReceiver::Event>& events) {
   size_t n = 0;
-  for (const auto& e : events_) n += e.count("result") && e.at("result") == "ok";
+  for (const auto& e : events) n += e.count("result") && e.at("result") == "ok";
   return n;
+}
+}  // namespace
+
+size_t TestReceiver::CountOk() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return CountOkIn(events_);
 }
 
 bool TestReceiver::WaitForOk(size_t n, int timeout_s) {
-  return WaitFor([&](const std::vector<Event>&) { return CountOk() >= n; }, timeout_s);
+  return WaitFor([&](const std::vector<Event>& e) { return CountOkIn(e) >= n; }, timeout_s);
 }
 
 std::vector<receiver::PushRecord> TestReceiver::Records() const {
@@ -127,9 +152,10 @@ TestCerts::TestCerts(const std::string& dir) {
   std::string d = "'" + dir + "'";
   std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
   std::string script = absl::StrCat(
-      "set -e; cd ", d, "\n",
-      "openssl req -x509 ", key, " -keyout ca.key -out ca.pem -days 2 -subj /CN=parascope-test-ca\n",
-      "openssl req -x509 ", key, " -keyout other_ca.key -out other_ca.pem -days 2 "
+      "set -e; cd ", d, "\n", "openssl req -x509 ", key,
+      " -keyout ca.key -out ca.pem -days 2 -subj /CN=parascope-test-ca\n", "openssl req -x509 ",
+      key,
+      " -keyout other_ca.key -out other_ca.pem -days 2 "
       "-subj /CN=parascope-other-ca\n",
       "openssl req ", key, " -keyout server.key -out server.csr -subj /CN=localhost\n",
       "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\nextendedKeyUsage=serverAuth\\n' "

@@ -3,11 +3,15 @@
 // its JSON record. Everything is event-synchronized: no sleeps.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "test/e2e/e2e_util.h"
@@ -33,11 +37,12 @@ class TestReceiver {
   // "accept", "delay ms=500 count=1", "reset") and waits for its reply; REQUIREs "ok".
   void Command(const std::string& command);
 
-  // `push` events seen so far (key=value maps of the receiver's stdout lines: seq, protocol,
-  // result, name, service_name, samples, id, violations).
+  // `push` events so far (key=value maps of the receiver's stdout lines: seq, protocol,
+  // result, name, service_name, samples, id, violations). A background thread reads them as
+  // they come, so the receiver never blocks on a full pipe.
   using Event = std::map<std::string, std::string>;
-  const std::vector<Event>& events() const { return events_; }
-  // Reads events until `done(events())` holds; false after timeout_s without it.
+  std::vector<Event> events() const;
+  // Waits until `done(events)` holds; false after timeout_s without it.
   bool WaitFor(const std::function<bool(const std::vector<Event>&)>& done, int timeout_s = 60);
   // Waits until at least `n` requests were answered "ok".
   bool WaitForOk(size_t n, int timeout_s = 60);
@@ -53,13 +58,17 @@ class TestReceiver {
   std::string Stderr() const;
 
  private:
-  bool ReadEvent(int timeout_s);  // one stdout line into events_ (or pending_reply_)
+  void ReadLoop();  // the reader thread: stdout lines into events_ / replies_
 
   TempDir dir_;
   std::unique_ptr<Child> child_;
   int grpc_port_ = 0, http_port_ = 0, control_port_ = 0;
-  std::vector<Event> events_;
-  std::string pending_reply_;
+  std::thread reader_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Event> events_;        // guarded by mu_
+  std::deque<std::string> replies_;  // command replies not yet taken, guarded by mu_
+  bool eof_ = false;                 // guarded by mu_
 };
 
 // A CA and certificates made with the openssl command line in `dir`: ca.pem/ca.key, server.pem/

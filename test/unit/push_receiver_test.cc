@@ -41,6 +41,7 @@ SeriesLabelsFn Labels() {
 std::unique_ptr<PyroscopeExporter> MakeExporter(PyroscopeOptions o) {
   o.backoff_initial = absl::Milliseconds(10);
   o.backoff_max = absl::Milliseconds(200);
+  o.shutdown_timeout = absl::Seconds(1);
   auto e = PyroscopeExporter::Create(o, Labels());
   INFO(e.status());
   REQUIRE(e.ok());
@@ -90,18 +91,17 @@ TEST_CASE("receiver: both protocols deliver labels, headers, IDs and the profile
         CHECK(r.result() == "ok");
         CHECK(r.violations().empty());
         CHECK(r.headers().at("x-scope-orgid") == "tenant-7");
-        CHECK(r.headers().at("authorization") ==
-              "Basic " + absl::Base64Escape("alice:s3cret"));
+        CHECK(r.headers().at("authorization") == "Basic " + absl::Base64Escape("alice:s3cret"));
         CHECK(r.headers().at("x-team") == "perf");
         CHECK(absl::StrContains(r.user_agent(), "parascope"));
         if (protocol == "connect") CHECK(r.content_type() == "application/proto");
         REQUIRE(r.series_size() == 1);
         std::map<std::string, std::string> labels(r.series(0).labels().begin(),
                                                   r.series(0).labels().end());
-        CHECK(labels == std::map<std::string, std::string>{
-                            {"__name__", i == 2 ? "wall" : "process_cpu"},
-                            {"service_name", "worker"},
-                            {"hostname", "test-host"}});
+        CHECK(labels ==
+              std::map<std::string, std::string>{{"__name__", i == 2 ? "wall" : "process_cpu"},
+                                                 {"service_name", "worker"},
+                                                 {"hostname", "test-host"}});
         REQUIRE(r.series(0).samples_size() == 1);
         const auto& s = r.series(0).samples(0);
         ids.insert(s.id());
@@ -156,8 +156,7 @@ TEST_CASE("receiver: 429 / RESOURCE_EXHAUSTED is retried, 400 / INVALID_ARGUMENT
       for (const auto& r : records) {
         CHECK(r.series(0).samples(0).id() == records[0].series(0).samples(0).id());
       }
-      CHECK(records[0].result() ==
-            (protocol == "grpc" ? "grpc RESOURCE_EXHAUSTED" : "http 429"));
+      CHECK(records[0].result() == (protocol == "grpc" ? "grpc RESOURCE_EXHAUSTED" : "http 429"));
       REQUIRE(StatsEventually(e.get(), [](const auto& s) { return s.sent == 1; }));
       auto st = e->GetStats();
       CHECK(st.retries == 3);
@@ -238,7 +237,7 @@ TEST_CASE("receiver: a slow server hits the request timeout and the push is retr
   }
 }
 
-TEST_CASE("receiver: TLS verifies the server with the given CA; a wrong CA fails clearly",
+TEST_CASE("receiver: TLS verifies the server with the given CA, a wrong CA fails clearly",
           "[receiver]") {
   TempDir certs_dir;
   TestCerts certs(certs_dir.path());

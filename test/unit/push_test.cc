@@ -207,6 +207,47 @@ TEST_CASE("trim: a tiny sample budget still fits (labels give way)") {
   CheckConsistent(p);
 }
 
+TEST_CASE("sample labels: only low-cardinality keys stay, samples merge, totals kept") {
+  // 40 threads x 5 stacks x 2 states, with thread_name (string) and tid (numeric) labels.
+  PprofBuilder b({{"wall", "nanoseconds"}}, {"wall", "nanoseconds"}, 1000);
+  std::vector<uint64_t> locs;
+  for (int i = 0; i < 5; ++i) {
+    uint64_t fn = b.AddFunction({absl::StrCat("fn", i), absl::StrCat("fn", i), ""});
+    locs.push_back(b.AddLocation(0, 0x1000 + i, {fn}));
+  }
+  for (int tid = 1; tid <= 40; ++tid) {
+    for (int i = 0; i < 5; ++i) {
+      for (const char* state : {"running", "sleeping"}) {
+        std::vector<LabelSpec> labels = {LabelSpec::Str("thread_name", absl::StrCat("t", tid)),
+                                         LabelSpec::Num("tid", tid),
+                                         LabelSpec::Str("state", state)};
+        std::vector<uint64_t> stack = {locs[i]};
+        std::vector<int64_t> values = {tid * 10 + i};
+        b.AddSample(stack, values, labels);
+      }
+    }
+  }
+  Profile p = std::move(b).Build(1, 1);
+  int64_t total = Total(p, 0);
+  REQUIRE(p.sample_size() == 400);
+  CHECK(KeepSampleLabels(&p, {"state", "parallelism"}) == 400 * 2);
+  CHECK(p.sample_size() == 10);  // 5 stacks x 2 states
+  CHECK(Total(p, 0) == total);
+  for (const auto& s : p.sample()) {
+    REQUIRE(s.label_size() == 1);
+    CHECK(Str(p, s.label(0).key()) == "state");
+  }
+  for (const auto& str : p.string_table()) {
+    CHECK(str != "thread_name");
+    CHECK(str != "tid");
+    CHECK(str != "t7");
+  }
+  CheckConsistent(p);
+  std::string before = p.SerializeAsString();
+  CHECK(KeepSampleLabels(&p, {"state"}) == 0);  // nothing left to remove: untouched
+  CHECK(p.SerializeAsString() == before);
+}
+
 TEST_CASE("uuid: v4 text, version and variant bits, unique") {
   std::regex re("^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$");
   std::set<std::string> seen;
@@ -245,9 +286,9 @@ TEST_CASE("retry classification follows SPEC section 6") {
     CHECK(GrpcCodeFromName(name) == code);
     CHECK(IsRetryableGrpcCode(code) == (retry.count(name) == 1));
   }
-  CHECK_FALSE(IsRetryableGrpcCode(3));   // INVALID_ARGUMENT
-  CHECK_FALSE(IsRetryableGrpcCode(16));  // UNAUTHENTICATED
-  CHECK_FALSE(IsRetryableGrpcCode(7));   // PERMISSION_DENIED
+  CHECK_FALSE(IsRetryableGrpcCode(3));                 // INVALID_ARGUMENT
+  CHECK_FALSE(IsRetryableGrpcCode(16));                // UNAUTHENTICATED
+  CHECK_FALSE(IsRetryableGrpcCode(7));                 // PERMISSION_DENIED
   CHECK(GrpcCodeFromName("resource_exhausted") == 8);  // Connect's spelling
   CHECK(GrpcCodeFromName("canceled") == 1);
   CHECK(GrpcCodeFromName("nope") == -1);
@@ -319,9 +360,11 @@ TEST_CASE("push headers: tenant, basic or bearer auth, extra headers") {
   h = PushHeaders(o);
   REQUIRE(h.ok());
   CHECK((*h)[1].second == "Bearer tok");
-  for (auto bad : std::vector<std::pair<std::string, std::string>>{
-           {"Bad Name", "1"}, {"X-A", "a\r\nb"}, {"Content-Type", "x"}, {"grpc-timeout", "1"},
-           {"", "1"}}) {
+  for (auto bad : std::vector<std::pair<std::string, std::string>>{{"Bad Name", "1"},
+                                                                   {"X-A", "a\r\nb"},
+                                                                   {"Content-Type", "x"},
+                                                                   {"grpc-timeout", "1"},
+                                                                   {"", "1"}}) {
     PyroscopeOptions b;
     b.headers = {bad};
     INFO(bad.first);
@@ -510,13 +553,14 @@ TEST_CASE("exporter: retryable failures are retried with the same ID until deliv
   REQUIRE(StatsEventually(f.exporter.get(), [](const auto& s) { return s.sent == 1; }));
   auto st = f.exporter->GetStats();
   CHECK(st.retries == 3);
-  CHECK(st.failures == std::map<std::string, uint64_t>{{"429", 1}, {"UNAVAILABLE", 1},
-                                                       {"connect", 1}});
+  CHECK(st.failures ==
+        std::map<std::string, uint64_t>{{"429", 1}, {"UNAVAILABLE", 1}, {"connect", 1}});
   CHECK(st.dropped.empty());
   CHECK(st.endpoint_up);
   auto reqs = f.fake->requests();
   REQUIRE(reqs.size() == 4);
-  for (const auto& r : reqs) CHECK(r.series(0).samples(0).id() == reqs[0].series(0).samples(0).id());
+  for (const auto& r : reqs)
+    CHECK(r.series(0).samples(0).id() == reqs[0].series(0).samples(0).id());
 }
 
 TEST_CASE("exporter: non-retryable responses are dropped and counted, never retried") {
@@ -616,7 +660,7 @@ TEST_CASE("exporter: readiness turns false after two windows unreachable, back o
   CHECK(f.exporter->Ready());
   REQUIRE(f.exporter->Export(MakeProcessProfile()).ok());
   REQUIRE(f.fake->WaitForCalls(2));  // failed at least once, retrying
-  CHECK(f.exporter->Ready());         // down, but not for long
+  CHECK(f.exporter->Ready());        // down, but not for long
   CHECK_FALSE(f.exporter->GetStats().endpoint_up);
   advance(absl::Seconds(29));
   CHECK(f.exporter->Ready());
@@ -650,6 +694,26 @@ TEST_CASE("exporter: Shutdown flushes the queue") {
   CHECK(st.dropped.empty());
 }
 
+TEST_CASE("exporter: Shutdown cuts a long backoff short and retries at once") {
+  PyroscopeOptions o;
+  o.url = "http://127.0.0.1:4040";
+  o.backoff_initial = absl::Seconds(20);  // the first retry would come 0..20 s later
+  o.backoff_max = absl::Seconds(30);
+  auto t = std::make_unique<FakeTransport>();
+  FakeTransport* fake = t.get();
+  fake->Script(
+      {Fail("UNAVAILABLE", true), PushResult{false, true, "UNAVAILABLE", "x", absl::Seconds(20)}});
+  auto e = PyroscopeExporter::CreateWithTransport(o, nullptr, std::move(t));
+  REQUIRE(e.ok());
+  REQUIRE((*e)->Export(MakeProcessProfile()).ok());
+  REQUIRE(fake->WaitForCalls(2));  // the second failure asks for a 20 s wait (Retry-After)
+  absl::Time start = absl::Now();
+  (*e)->Shutdown();
+  CHECK(absl::Now() - start < absl::Seconds(3));
+  CHECK(fake->requests().size() == 3);
+  CHECK((*e)->GetStats().sent == 1);
+}
+
 TEST_CASE("exporter: Shutdown gives up after shutdown_timeout, cancelling the request") {
   PyroscopeOptions o;
   o.shutdown_timeout = absl::Milliseconds(300);
@@ -668,6 +732,23 @@ TEST_CASE("exporter: Shutdown gives up after shutdown_timeout, cancelling the re
   CHECK(st.sent == 0);
   CHECK(st.dropped == std::map<std::string, uint64_t>{{"shutdown", 3}});
   CHECK(st.queue_bytes == 0);
+}
+
+TEST_CASE("exporter: pushed profiles keep only the low-cardinality sample labels") {
+  Fixture f;
+  ProcessProfile p = MakeProcessProfile();
+  p.profile = MakeProfile(20, 8, /*states=*/2, /*tid_labels=*/true);
+  p.profile.set_time_nanos(absl::ToUnixNanos(absl::Now()));
+  REQUIRE(f.exporter->Export(p).ok());
+  REQUIRE(f.fake->WaitForCalls(1));
+  auto back = ParseMaybeGzip(f.fake->requests()[0].series(0).samples(0).raw_profile());
+  REQUIRE(back.ok());
+  std::set<std::string> keys;
+  for (const auto& s : back->sample()) {
+    for (const auto& l : s.label()) keys.insert(back->string_table(l.key()));
+  }
+  CHECK(keys == std::set<std::string>{"state"});
+  CHECK(Total(*back, 1) == Total(p.profile, 1));
 }
 
 TEST_CASE("exporter: oversized profiles are trimmed before they are queued") {
