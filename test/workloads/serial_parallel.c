@@ -9,8 +9,12 @@
 //   SECONDS, then prints
 //     done a_tid=A b_tid=B rounds=R serial_cpu_ns=S parallel_cpu_ns=P serial_wall_ns=SW
 //          parallel_wall_ns=PW
+//          b_start_delay_ns=D a_runq_wait_ns=WA b_runq_wait_ns=WB
 //   (CPU ns from CLOCK_THREAD_CPUTIME_ID around each call, summed over both threads; wall ns
-//   from CLOCK_MONOTONIC around A's calls), then idles until stdin closes.
+//   from CLOCK_MONOTONIC around A's calls; D: summed time from A's signal to B entering
+//   parallel_work; WA, WB: the kernel's run-queue wait of each thread over the run, from
+//   /proc/self/task/TID/schedstat, -1 if unavailable. D + WA + WB bound the time the parallel
+//   phases were not really parallel), then idles until stdin closes.
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -51,11 +55,26 @@ static int stop;                                           // guarded by mu
 static int rounds;
 static long long t_start;
 static int a_tid, b_tid;
+static long long signal_ns;  // guarded by mu: when A let B start the current parallel phase
+static long long b_start_delay, a_runq_wait, b_runq_wait;
+
+// Run-queue wait of a thread of this process so far (ns), from schedstat's second field.
+static long long runqueue_wait_ns(int tid) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/self/task/%d/schedstat", tid);
+  FILE* f = fopen(path, "r");
+  if (!f) return -1;
+  long long run, wait;
+  int ok = fscanf(f, "%lld %lld", &run, &wait) == 2;
+  fclose(f);
+  return ok ? wait : -1;
+}
 static long long serial_cpu, parallel_cpu_a, parallel_cpu_b, serial_wall, parallel_wall;
 
 static void* thread_a(void* arg) {
   (void)arg;
   a_tid = (int)syscall(SYS_gettid);
+  long long wait0 = runqueue_wait_ns(a_tid);
   for (int r = 0; r < rounds; r++) {
     long long round_start = t_start + r * 2 * PHASE_NS;
     long long c0 = now_ns(CLOCK_THREAD_CPUTIME_ID), w0 = now_ns(CLOCK_MONOTONIC);
@@ -66,12 +85,15 @@ static void* thread_a(void* arg) {
     pthread_mutex_lock(&mu);
     started_round = r;
     parallel_deadline = round_start + 2 * PHASE_NS;
+    signal_ns = now_ns(CLOCK_MONOTONIC);
     pthread_cond_signal(&cv);
     pthread_mutex_unlock(&mu);
     parallel_work(round_start + 2 * PHASE_NS);
     parallel_cpu_a += now_ns(CLOCK_THREAD_CPUTIME_ID) - c1;
     parallel_wall += now_ns(CLOCK_MONOTONIC) - w1;
   }
+  long long wait1 = runqueue_wait_ns(a_tid);
+  a_runq_wait = wait0 < 0 || wait1 < 0 ? -1 : wait1 - wait0;
   pthread_mutex_lock(&mu);
   stop = 1;
   pthread_cond_signal(&cv);
@@ -82,17 +104,21 @@ static void* thread_a(void* arg) {
 static void* thread_b(void* arg) {
   (void)arg;
   b_tid = (int)syscall(SYS_gettid);
+  long long wait0 = runqueue_wait_ns(b_tid);
   for (long long r = 0;; r++) {
     pthread_mutex_lock(&mu);
     while (started_round < r && !stop) pthread_cond_wait(&cv, &mu);
-    long long deadline = parallel_deadline;
+    long long deadline = parallel_deadline, signaled = signal_ns;
     int done = started_round < r;
     pthread_mutex_unlock(&mu);
     if (done) break;
+    b_start_delay += now_ns(CLOCK_MONOTONIC) - signaled;
     long long c0 = now_ns(CLOCK_THREAD_CPUTIME_ID);
     parallel_work(deadline);
     parallel_cpu_b += now_ns(CLOCK_THREAD_CPUTIME_ID) - c0;
   }
+  long long wait1 = runqueue_wait_ns(b_tid);
+  b_runq_wait = wait0 < 0 || wait1 < 0 ? -1 : wait1 - wait0;
   return NULL;
 }
 
@@ -113,9 +139,10 @@ int main(int argc, char** argv) {
   pthread_join(a, NULL);
   pthread_join(b, NULL);
   printf("done a_tid=%d b_tid=%d rounds=%d serial_cpu_ns=%lld parallel_cpu_ns=%lld "
-         "serial_wall_ns=%lld parallel_wall_ns=%lld\n",
+         "serial_wall_ns=%lld parallel_wall_ns=%lld b_start_delay_ns=%lld a_runq_wait_ns=%lld "
+         "b_runq_wait_ns=%lld\n",
          a_tid, b_tid, rounds, serial_cpu, parallel_cpu_a + parallel_cpu_b, serial_wall,
-         parallel_wall);
+         parallel_wall, b_start_delay, a_runq_wait, b_runq_wait);
   fflush(stdout);
   while (fgets(line, sizeof(line), stdin)) {
   }
