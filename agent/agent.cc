@@ -101,6 +101,18 @@ class AgentMetrics {
               {{}, static_cast<double>(bpf_->Counters()[PS_CTR_SWITCHES])}};
         }));
     regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_sched_switches_unseen_total",
+        "Context switches the sched_switch tracepoint did not report, by how they were found: "
+        "chain (a switch's prev was not the task the CPU's previous switch brought in) or "
+        "sample (a sample's task was never switched in). Parallelism is repaired at detection; "
+        "on-CPU and off-CPU times around such a switch are estimated (bpf/abi.h).",
+        {"detected_by"}, [this] {
+          BpfCounters c = bpf_->Counters();
+          return std::vector<CallbackSample>{
+              {{"chain"}, static_cast<double>(c[PS_CTR_SWITCH_CHAIN_BREAKS])},
+              {{"sample"}, static_cast<double>(c[PS_CTR_SAMPLE_REPAIRS])}};
+        }));
+    regs_.push_back(registry->AddCallback(
         MetricType::kCounter, mn::kBpfRunTime,
         "Run time of each BPF program (needs sysctl kernel.bpf_stats_enabled=1).", {"program"},
         [this] {
@@ -400,14 +412,14 @@ absl::Status RunAgent(const Config& config) {
   const BpfMapStats& ms = bpf->map_stats();
   Log(LogLevel::kInfo,
       "stopped: windows=%d samples_taken=%d samples_in_profiles=%d profiles_written=%d "
-      "export_errors=%d switches=%d offcpu_ns=%d sampled_cpu_ns=%d exact_cpu_ns=%d "
+      "export_errors=%d switches=%d switches_unseen(chain=%d sample=%d) offcpu_ns=%d sampled_cpu_ns=%d exact_cpu_ns=%d "
       "samples_parallelism_unknown=%d lost(agg_map_full=%d stack_map_full=%d "
       "thread_map_full=%d offcpu_map_full=%d running_map_full=%d runtime_map_full=%d) "
       "stacks(user_lost=%d kernel_lost=%d truncated=%d missing=%d) thread_states=%d "
       "thread_states_max=%d symbolize(frames=%d no_mapping=%d no_elf=%d no_symbol=%d "
       "kernel_no_symbol=%d) processes(vanished=%d)",
       windows, c[PS_CTR_SAMPLES], ps.samples, profiles_written, export_errors,
-      c[PS_CTR_SWITCHES], ps.offcpu_ns, ps.sampled_cpu_ns, ps.exact_cpu_ns,
+      c[PS_CTR_SWITCHES], c[PS_CTR_SWITCH_CHAIN_BREAKS], c[PS_CTR_SAMPLE_REPAIRS], ps.offcpu_ns, ps.sampled_cpu_ns, ps.exact_cpu_ns,
       ps.samples_parallelism_unknown, c[PS_CTR_AGG_MAP_FULL], c[PS_CTR_STACK_MAP_FULL],
       c[PS_CTR_THREAD_MAP_FULL], c[PS_CTR_OFFCPU_MAP_FULL], c[PS_CTR_RUNNING_MAP_FULL],
       c[PS_CTR_RUNTIME_MAP_FULL], ps.user_stack_lost, ps.kernel_stack_lost, ps.truncated,

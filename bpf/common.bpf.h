@@ -88,10 +88,14 @@ static __always_inline int ps_tgid_tracked(__u32 tgid) {
   return !ps_cfg_filter_tgid || bpf_map_lookup_elem(&ps_pid_filter, &tgid) != 0;
 }
 
-/* Adds delta to the running-thread count of tgid, creating the entry at 0 if needed. */
+/* Adds delta to the running-thread count of tgid, creating the entry at 0 for an increment. A
+ * decrement of a missing entry is dropped: the process's last thread exited and its entry went
+ * with it (sched.bpf.c ps_on_exit) before that thread's final switch-out. */
 static __always_inline void ps_running_add(__u32 tgid, __s64 delta) {
   __s64 *n = bpf_map_lookup_elem(&ps_running, &tgid);
   if (!n) {
+    if (delta < 0)
+      return;
     __s64 zero = 0;
     long err = bpf_map_update_elem(&ps_running, &tgid, &zero, BPF_NOEXIST);
     if (err && err != -EEXIST) {
@@ -144,6 +148,36 @@ static __always_inline __u64 ps_capture_stack(void *ctx, void *scratch, void *st
     return 0;
   }
   return h;
+}
+
+/* Keeps the compiler from reordering the stores around it (x86-64 and arm64 order the
+ * daemon's view through the syscall copy; the fields written before it are complete first). */
+#define ps_barrier() asm volatile("" ::: "memory")
+
+/* Makes `cs` (this CPU's entry) record task `tid` of `tgid` as on the CPU since in_ns, counted in
+ * ps_running when `counted`. The caller has already returned the old record's count. Only this
+ * CPU writes its entry; `counted` is cleared first and set last so that the daemon's ScanCpus
+ * never pairs one task's switch-in time with another task's process. */
+static __always_inline void ps_cpu_record(struct ps_cpu_state *cs, __u32 tid, __u32 tgid,
+                                          __u64 tgid_start_ns, __u64 in_ns, int counted) {
+  cs->counted = 0;
+  ps_barrier();
+  cs->tid = tid;
+  cs->tgid = tgid;
+  cs->tgid_start_ns = counted ? tgid_start_ns : 0;
+  cs->in_ns = in_ns;
+  ps_barrier();
+  cs->counted = counted;
+  if (counted)
+    ps_running_add(tgid, 1);
+}
+
+/* Estimated time of a switch the tracepoint did not report on this CPU: it happened after the
+ * recorded task came in and after the last sample (which still saw the recorded state), and
+ * before `now`; the midpoint halves the worst-case error. */
+static __always_inline __u64 ps_unseen_switch_ns(const struct ps_cpu_state *cs, __u64 now) {
+  __u64 lo = cs->in_ns > cs->sample_ns ? cs->in_ns : cs->sample_ns;
+  return lo < now ? lo + (now - lo) / 2 : now;
 }
 
 /* Marks this CPU's current task as known on first sight after attach (the daemon starts with

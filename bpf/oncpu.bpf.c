@@ -19,6 +19,11 @@ char LICENSE[] SEC("license") = "GPL";
 /* Set before load: 1 when sched.bpf.o maintains ps_running, so samples carry parallelism. */
 const volatile __u32 ps_cfg_parallelism = 0;
 
+/* A sample repairs its CPU's record only when the record is older than this (ns): between the
+ * sched_switch tracepoint and the end of the switch, `current` is still prev (kernel/sched/core.c
+ * __schedule -> context_switch), which an NMI-driven sample can observe. */
+#define PS_REPAIR_MIN_AGE_NS 100000ULL
+
 struct ps_oncpu_map {
   __uint(type, BPF_MAP_TYPE_HASH);
   __uint(max_entries, PS_ONCPU_MAP_ENTRIES); /* resized by the daemon before load */
@@ -80,16 +85,24 @@ int ps_on_cpu_sample(struct bpf_perf_event_data *ctx) {
   struct task_struct *task = (struct task_struct *)bpf_get_current_task();
   int tracked = tid != 0 && ps_tgid_tracked(tgid);
 
-  if (ps_cfg_parallelism && ps_cpu_first_seen(cs, ctl)) {
-    /* First sight of this CPU since attach: the interrupted task has been running since before
-     * attach and no switch counted it yet. */
-    cs->tid = tid;
-    cs->tgid = tgid;
-    cs->tgid_start_ns = BPF_CORE_READ(task, group_leader, start_boottime);
-    cs->in_ns = bpf_ktime_get_ns();
-    cs->counted = tracked;
-    if (tracked)
-      ps_running_add(tgid, 1);
+  if (ps_cfg_parallelism) {
+    __u64 now = bpf_ktime_get_ns();
+    if (ps_cpu_first_seen(cs, ctl)) {
+      /* First sight of this CPU since attach: the interrupted task has been running since
+       * before attach and no switch counted it yet. */
+      ps_cpu_record(cs, tid, tgid, BPF_CORE_READ(task, group_leader, start_boottime), now,
+                    tracked);
+    } else if (cs->tid != tid && !cs->in_switch && now - cs->in_ns > PS_REPAIR_MIN_AGE_NS) {
+      /* The interrupted task came in by a switch the tracepoint did not report (abi.h, "Switches
+       * the sched_switch tracepoint did not report"). The age guard skips the instants between
+       * sched_switch and the switch itself, where an NMI sample still sees prev running. */
+      ps_count(PS_CTR_SAMPLE_REPAIRS);
+      if (cs->counted)
+        ps_running_add(cs->tgid, -1);
+      ps_cpu_record(cs, tid, tgid, BPF_CORE_READ(task, group_leader, start_boottime),
+                    ps_unseen_switch_ns(cs, now), tracked);
+    }
+    cs->sample_ns = now;
   }
   if (tid == 0) {
     ps_count(PS_CTR_SAMPLES_IDLE);

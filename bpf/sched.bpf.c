@@ -72,10 +72,6 @@ static __always_inline __u32 ps_task_state(struct task_struct *t) {
   return (__u32)BPF_CORE_READ(old, state);
 }
 
-/* Keeps the compiler from reordering the stores around it (x86-64 and arm64 order the
- * daemon's view through the syscall copy; the fields written before it are complete first). */
-#define ps_barrier() asm volatile("" ::: "memory")
-
 static __always_inline void ps_add_u64(void *map, void *key, __u64 delta, __u32 full_ctr) {
   __u64 *v = bpf_map_lookup_elem(map, key);
   if (!v) {
@@ -109,45 +105,6 @@ static __always_inline void ps_add_offcpu(void *map, struct ps_offcpu_key *key, 
   }
   __sync_fetch_and_add(&v->ns, ns);
   __sync_fetch_and_add(&v->count, 1);
-}
-
-/* prev is switched out at `now` (runs in prev's context: stacks are prev's). */
-static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, __u32 tid,
-                                          __u32 tgid, int preempt, __u64 now, __u32 buf) {
-  __u32 st = ps_task_state(prev);
-  if (st & PS_TASK_DEAD) {
-    bpf_map_delete_elem(&ps_threads, &tid);
-    return;
-  }
-  struct ps_thread_state *ts = bpf_map_lookup_elem(&ps_threads, &tid);
-  if (!ts) {
-    struct ps_thread_state init = {};
-    long err = bpf_map_update_elem(&ps_threads, &tid, &init, BPF_NOEXIST);
-    if (err && err != -EEXIST) {
-      ps_count(PS_CTR_THREAD_MAP_FULL);
-      return;
-    }
-    ts = bpf_map_lookup_elem(&ps_threads, &tid);
-    if (!ts)
-      return;
-  }
-  __u32 state;
-  if (preempt || st == PS_TASK_RUNNING)
-    state = PS_STATE_RUNNABLE;
-  else if ((st & PS_TASK_UNINTERRUPTIBLE) && !(st & PS_TASK_NOLOAD))
-    state = PS_STATE_UNINTERRUPTIBLE;
-  else
-    state = PS_STATE_SLEEPING; /* interruptible, TASK_IDLE, stopped, traced */
-  void *stacks = buf == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
-  ts->kernel_stack = ps_capture_stack(ctx, &ps_sched_scratch, stacks, 0, &ts->kernel_stack_err);
-  ts->user_stack =
-      ps_capture_stack(ctx, &ps_sched_scratch, stacks, BPF_F_USER_STACK, &ts->user_stack_err);
-  ts->tgid = tgid;
-  ts->tgid_start_ns = BPF_CORE_READ(prev, group_leader, start_boottime);
-  ts->state = state;
-  bpf_get_current_comm(ts->comm, sizeof(ts->comm));
-  ps_barrier();
-  ts->out_ns = now;
 }
 
 /* next is switched in at `now`: account the off-CPU interval it is ending. */
@@ -188,6 +145,74 @@ static __always_inline void ps_switch_in(__u32 tid, __u64 now, __u64 ws, __u32 b
   ts->out_ns = 0;
 }
 
+/* prev is switched out at `now` (runs in prev's context: stacks are prev's); it came in at in_ns
+ * (0: unknown). */
+static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, __u32 tid,
+                                          __u32 tgid, int preempt, __u64 now, __u64 in_ns,
+                                          __u64 ws, __u32 buf) {
+  __u32 st = ps_task_state(prev);
+  if (st & PS_TASK_DEAD) {
+    bpf_map_delete_elem(&ps_threads, &tid);
+    return;
+  }
+  struct ps_thread_state *ts = bpf_map_lookup_elem(&ps_threads, &tid);
+  if (!ts) {
+    struct ps_thread_state init = {};
+    long err = bpf_map_update_elem(&ps_threads, &tid, &init, BPF_NOEXIST);
+    if (err && err != -EEXIST) {
+      ps_count(PS_CTR_THREAD_MAP_FULL);
+      return;
+    }
+    ts = bpf_map_lookup_elem(&ps_threads, &tid);
+    if (!ts)
+      return;
+  } else if (ts->out_ns != 0) {
+    /* Still marked off-CPU: its switch-in was not reported. Close that interval where prev came
+     * in (estimated), instead of losing it. */
+    ps_switch_in(tid, in_ns > ts->out_ns ? in_ns : ts->out_ns, ws, buf);
+  }
+  __u32 state;
+  if (preempt || st == PS_TASK_RUNNING)
+    state = PS_STATE_RUNNABLE;
+  else if ((st & PS_TASK_UNINTERRUPTIBLE) && !(st & PS_TASK_NOLOAD))
+    state = PS_STATE_UNINTERRUPTIBLE;
+  else
+    state = PS_STATE_SLEEPING; /* interruptible, TASK_IDLE, stopped, traced */
+  void *stacks = buf == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
+  ts->kernel_stack = ps_capture_stack(ctx, &ps_sched_scratch, stacks, 0, &ts->kernel_stack_err);
+  ts->user_stack =
+      ps_capture_stack(ctx, &ps_sched_scratch, stacks, BPF_F_USER_STACK, &ts->user_stack_err);
+  ts->tgid = tgid;
+  ts->tgid_start_ns = BPF_CORE_READ(prev, group_leader, start_boottime);
+  ts->state = state;
+  bpf_get_current_comm(ts->comm, sizeof(ts->comm));
+  ps_barrier();
+  ts->out_ns = now;
+}
+
+/* Adds prev's on-CPU time [from, now] to ps_runtime<buf>. The part before the window start ws
+ * is the daemon's when `carry` (the copy in cs says when prev came in), else it is dropped (an
+ * estimated switch-in: the daemon already counted that span at the boundary, if at all). */
+static __always_inline void ps_add_runtime(struct ps_cpu_state *cs, __u32 tgid,
+                                           __u64 tgid_start_ns, __u64 from, __u64 now, __u64 ws,
+                                           __u32 buf, int carry) {
+  if (from < ws) {
+    if (carry) {
+      cs->carry_in_ns = from;
+      cs->carry_tgid = tgid;
+      cs->carry_tgid_start_ns = tgid_start_ns;
+      ps_barrier();
+      cs->carry_ws_ns = ws;
+    }
+    from = ws;
+  }
+  if (now > from) {
+    struct ps_runtime_key rk = {.tgid = tgid, .tgid_start_ns = tgid_start_ns};
+    ps_add_u64(buf == 0 ? (void *)&ps_runtime0 : (void *)&ps_runtime1, &rk, now - from,
+               PS_CTR_RUNTIME_MAP_FULL);
+  }
+}
+
 static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_struct *prev,
                                         struct task_struct *next) {
   __u32 zero = 0;
@@ -196,50 +221,49 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
   if (!ctl || !cs)
     return 0;
   ps_count(PS_CTR_SWITCHES);
+  cs->in_switch = 1;
+  ps_barrier();
   /* Control first, then the clock: seeing the new buffer implies now >= its window start. */
   __u32 buf = ctl->active_buffer;
   __u64 ws = ctl->window_start_ns;
   __u64 now = bpf_ktime_get_ns();
   __u32 prev_tid = BPF_CORE_READ(prev, pid), prev_tgid = BPF_CORE_READ(prev, tgid);
   __u32 next_tid = BPF_CORE_READ(next, pid), next_tgid = BPF_CORE_READ(next, tgid);
+  int prev_tracked = prev_tid != 0 && ps_tgid_tracked(prev_tgid);
 
-  /* prev leaves. On a CPU not seen since attach, prev was never counted or timed. */
-  int first = ps_cpu_first_seen(cs, ctl);
-  if (!first && cs->counted && cs->tid == prev_tid && prev_tid != 0) {
-    ps_running_add(cs->tgid, -1);
-    __u64 start = cs->in_ns;
-    if (start < ws) {
-      cs->carry_in_ns = start;
-      cs->carry_tgid = cs->tgid;
-      cs->carry_tgid_start_ns = cs->tgid_start_ns;
-      ps_barrier();
-      cs->carry_ws_ns = ws;
-      start = ws;
-    }
-    if (now > start) {
-      struct ps_runtime_key rk = {.tgid = cs->tgid, .tgid_start_ns = cs->tgid_start_ns};
-      ps_add_u64(buf == 0 ? (void *)&ps_runtime0 : (void *)&ps_runtime1, &rk, now - start,
-                 PS_CTR_RUNTIME_MAP_FULL);
+  /* prev leaves. On a CPU not seen since attach, prev was never counted or timed. prev_in_ns:
+   * when prev came in (0: unknown), to close an off-CPU interval whose end was not reported. */
+  __u64 prev_in_ns = 0;
+  if (!ps_cpu_first_seen(cs, ctl)) {
+    if (cs->tid == prev_tid) {
+      prev_in_ns = cs->in_ns;
+      if (cs->counted && prev_tid != 0) {
+        ps_running_add(cs->tgid, -1);
+        ps_add_runtime(cs, cs->tgid, cs->tgid_start_ns, cs->in_ns, now, ws, buf, 1);
+      }
+    } else {
+      /* The tracepoint missed switches on this CPU (abi.h): the recorded task left unseen (return
+       * its count) and prev came in unseen. */
+      ps_count(PS_CTR_SWITCH_CHAIN_BREAKS);
+      if (cs->counted)
+        ps_running_add(cs->tgid, -1);
+      prev_in_ns = ps_unseen_switch_ns(cs, now);
+      if (prev_tracked)
+        ps_add_runtime(cs, prev_tgid, BPF_CORE_READ(prev, group_leader, start_boottime),
+                       prev_in_ns, now, ws, buf, 0);
     }
   }
-  if (ps_cfg_offcpu && prev_tid != 0 && ps_tgid_tracked(prev_tgid))
-    ps_switch_out(ctx, prev, prev_tid, prev_tgid, preempt, now, buf);
+  if (ps_cfg_offcpu && prev_tracked)
+    ps_switch_out(ctx, prev, prev_tid, prev_tgid, preempt, now, prev_in_ns, ws, buf);
 
   /* next enters. */
   int counted = next_tid != 0 && ps_tgid_tracked(next_tgid);
-  cs->counted = 0;
+  ps_cpu_record(cs, next_tid, next_tgid,
+                counted ? BPF_CORE_READ(next, group_leader, start_boottime) : 0, now, counted);
+  if (counted && ps_cfg_offcpu)
+    ps_switch_in(next_tid, now, ws, buf);
   ps_barrier();
-  cs->tid = next_tid;
-  cs->tgid = next_tgid;
-  cs->tgid_start_ns = counted ? BPF_CORE_READ(next, group_leader, start_boottime) : 0;
-  cs->in_ns = now;
-  ps_barrier();
-  cs->counted = counted;
-  if (counted) {
-    ps_running_add(next_tgid, 1);
-    if (ps_cfg_offcpu)
-      ps_switch_in(next_tid, now, ws, buf);
-  }
+  cs->in_switch = 0;
   return 0;
 }
 
