@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <limits>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -45,78 +47,126 @@ absl::string_view NextField(absl::string_view& rest) {
 
 }  // namespace
 
-absl::StatusOr<Kallsyms> Kallsyms::Parse(absl::string_view text) {
-  struct Parsed {
-    KernelSymbol symbol;
-    bool global;
-  };
-  std::vector<Parsed> parsed;
-  bool any_nonzero = false;
-  size_t lines_seen = 0;
-  size_t line_no = 0;
-  while (!text.empty()) {
-    size_t eol = text.find('\n');
-    absl::string_view line = text.substr(0, eol);
-    text.remove_prefix(eol == absl::string_view::npos ? text.size() : eol + 1);
-    ++line_no;
+// Builds a Kallsyms from lines fed one at a time (Parse feeds a string, Load a file in chunks,
+// so the whole text, ~5 MiB on a 6.x kernel, is never held at once).
+class Kallsyms::Builder {
+ public:
+  Builder() { result_.modules_.emplace_back(); }
+
+  absl::Status AddLine(absl::string_view line) {
+    ++line_no_;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (absl::StripAsciiWhitespace(line).empty()) continue;
-    ++lines_seen;
+    if (absl::StripAsciiWhitespace(line).empty()) return absl::OkStatus();
+    ++lines_seen_;
 
     absl::string_view rest = line;
     absl::string_view addr_field = NextField(rest);
     absl::string_view type_field = NextField(rest);
     absl::string_view name = NextField(rest);
     absl::string_view module_field = NextField(rest);
-    if (name.empty()) return LineError(line_no, "expected \"<address> <type> <name>\"", line);
-    if (!NextField(rest).empty()) return LineError(line_no, "trailing fields", line);
+    if (name.empty()) return LineError(line_no_, "expected \"<address> <type> <name>\"", line);
+    if (!NextField(rest).empty()) return LineError(line_no_, "trailing fields", line);
     uint64_t address = 0;
     if (addr_field.size() > 16 || !absl::SimpleHexAtoi(addr_field, &address)) {
-      return LineError(line_no, "bad hex address", line);
+      return LineError(line_no_, "bad hex address", line);
     }
     if (type_field.size() != 1 || !std::isalpha(static_cast<unsigned char>(type_field[0]))) {
-      return LineError(line_no, "bad symbol type", line);
+      return LineError(line_no_, "bad symbol type", line);
     }
     absl::string_view module;
     if (!module_field.empty()) {
       if (module_field.size() < 3 || module_field.front() != '[' || module_field.back() != ']') {
-        return LineError(line_no, "bad module field (want \"[name]\")", line);
+        return LineError(line_no_, "bad module field (want \"[name]\")", line);
       }
       module = module_field.substr(1, module_field.size() - 2);
     }
-    if (address != 0) any_nonzero = true;
+    if (address != 0) any_nonzero_ = true;
     const char type = type_field[0];
-    if (!IsTextType(type)) continue;
-    parsed.push_back(
-        {KernelSymbol{address, std::string(name), std::string(module)}, IsGlobalType(type)});
+    if (!IsTextType(type)) return absl::OkStatus();
+    if (name.size() > std::numeric_limits<uint16_t>::max()) {
+      return LineError(line_no_, "symbol name too long", line);
+    }
+    if (result_.names_.size() + name.size() > std::numeric_limits<uint32_t>::max()) {
+      return absl::InvalidArgumentError("kallsyms: names exceed 4 GiB");
+    }
+    uint16_t module_id = 0;
+    if (!module.empty()) {
+      auto [it, inserted] = module_index_.try_emplace(std::string(module), 0);
+      if (inserted) {
+        if (result_.modules_.size() > std::numeric_limits<uint16_t>::max()) {
+          return LineError(line_no_, "too many modules", line);
+        }
+        it->second = static_cast<uint16_t>(result_.modules_.size());
+        result_.modules_.emplace_back(module);
+      }
+      module_id = it->second;
+    }
+    parsed_.push_back({Entry{address, static_cast<uint32_t>(result_.names_.size()),
+                             static_cast<uint16_t>(name.size()), module_id},
+                       IsGlobalType(type)});
+    result_.names_.append(name.data(), name.size());
+    return absl::OkStatus();
   }
 
-  if (lines_seen > 0 && !any_nonzero) {
-    return absl::FailedPreconditionError(
-        "kallsyms: all symbol addresses are zero (hidden by kernel.kptr_restrict); run as root or "
-        "with CAP_SYSLOG");
+  absl::StatusOr<Kallsyms> Finish() && {
+    if (lines_seen_ > 0 && !any_nonzero_) {
+      return absl::FailedPreconditionError(
+          "kallsyms: all symbol addresses are zero (hidden by kernel.kptr_restrict); run as root "
+          "or with CAP_SYSLOG");
+    }
+    if (parsed_.empty()) return absl::InvalidArgumentError("kallsyms: no text symbols");
+    // Stable: at equal addresses, the order of the file decides among equally preferred names.
+    std::stable_sort(parsed_.begin(), parsed_.end(), [](const Parsed& a, const Parsed& b) {
+      if (a.entry.address != b.entry.address) return a.entry.address < b.entry.address;
+      return a.global && !b.global;
+    });
+    result_.symbols_.reserve(parsed_.size());
+    for (const Parsed& p : parsed_) {
+      if (!result_.symbols_.empty() && result_.symbols_.back().address == p.entry.address) {
+        continue;
+      }
+      result_.symbols_.push_back(p.entry);
+    }
+    std::vector<Parsed>().swap(parsed_);
+    result_.symbols_.shrink_to_fit();
+    result_.names_.shrink_to_fit();
+    return std::move(result_);
   }
-  if (parsed.empty()) return absl::InvalidArgumentError("kallsyms: no text symbols");
 
-  // Stable: at equal addresses, the order of the file decides among equally preferred names.
-  std::stable_sort(parsed.begin(), parsed.end(), [](const Parsed& a, const Parsed& b) {
-    if (a.symbol.address != b.symbol.address) return a.symbol.address < b.symbol.address;
-    return a.global && !b.global;
-  });
-  Kallsyms result;
-  result.symbols_.reserve(parsed.size());
-  for (Parsed& p : parsed) {
-    if (!result.symbols_.empty() && result.symbols_.back().address == p.symbol.address) continue;
-    result.symbols_.push_back(std::move(p.symbol));
+ private:
+  struct Parsed {
+    Entry entry;
+    bool global;
+  };
+  Kallsyms result_;
+  std::vector<Parsed> parsed_;
+  absl::flat_hash_map<std::string, uint16_t> module_index_;
+  bool any_nonzero_ = false;
+  size_t lines_seen_ = 0;
+  size_t line_no_ = 0;
+};
+
+absl::StatusOr<Kallsyms> Kallsyms::Parse(absl::string_view text) {
+  Builder builder;
+  while (!text.empty()) {
+    size_t eol = text.find('\n');
+    PS_RETURN_IF_ERROR(builder.AddLine(text.substr(0, eol)));
+    text.remove_prefix(eol == absl::string_view::npos ? text.size() : eol + 1);
   }
-  result.symbols_.shrink_to_fit();
-  return result;
+  return std::move(builder).Finish();
+}
+
+size_t Kallsyms::memory_bytes() const {
+  size_t n = symbols_.capacity() * sizeof(Entry) + names_.capacity();
+  for (const std::string& m : modules_) n += sizeof(std::string) + m.capacity();
+  return n;
 }
 
 absl::StatusOr<Kallsyms> Kallsyms::Load(const std::string& path) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", path));
-  std::string text;
+  Builder builder;
+  std::string pending;  // an incomplete last line
   char buf[1 << 16];
   while (true) {
     ssize_t n = read(fd, buf, sizeof(buf));
@@ -127,22 +177,44 @@ absl::StatusOr<Kallsyms> Kallsyms::Load(const std::string& path) {
       return ErrnoStatus(err, absl::StrCat("read ", path));
     }
     if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
+    absl::string_view chunk(buf, static_cast<size_t>(n));
+    while (!chunk.empty()) {
+      size_t eol = chunk.find('\n');
+      if (eol == absl::string_view::npos) {
+        pending.append(chunk.data(), chunk.size());
+        break;
+      }
+      absl::Status st;
+      if (pending.empty()) {
+        st = builder.AddLine(chunk.substr(0, eol));
+      } else {
+        pending.append(chunk.data(), eol);
+        st = builder.AddLine(pending);
+        pending.clear();
+      }
+      if (!st.ok()) {
+        close(fd);
+        return st;
+      }
+      chunk.remove_prefix(eol + 1);
+    }
   }
   close(fd);
-  return Parse(text);
+  if (!pending.empty()) PS_RETURN_IF_ERROR(builder.AddLine(pending));
+  return std::move(builder).Finish();
 }
 
-const KernelSymbol* Kallsyms::Lookup(uint64_t addr) const {
+std::optional<KernelSymbol> Kallsyms::Lookup(uint64_t addr) const {
   auto it = std::upper_bound(symbols_.begin(), symbols_.end(), addr,
-                             [](uint64_t a, const KernelSymbol& sym) { return a < sym.address; });
-  if (it == symbols_.begin()) return nullptr;
+                             [](uint64_t a, const Entry& sym) { return a < sym.address; });
+  if (it == symbols_.begin()) return std::nullopt;
   --it;
-  if (addr - it->address >= kMaxSymbolSpan) return nullptr;
+  if (addr - it->address >= kMaxSymbolSpan) return std::nullopt;
+  KernelSymbol sym = ToSymbol(*it);
   // "_etext" marks the end of vmlinux's main text (include/asm-generic/sections.h); what follows
   // up to the next symbol is rodata/data, not code.
-  if (it->module.empty() && it->name == "_etext") return nullptr;
-  return &*it;
+  if (sym.module.empty() && sym.name == "_etext") return std::nullopt;
+  return sym;
 }
 
 }  // namespace parascope::symbolize

@@ -27,14 +27,15 @@ void StackSymbolizer::AddKernelFrames(PprofBuilder& builder, absl::Span<const ui
       out->push_back(loc);
       continue;
     }
-    const symbolize::KernelSymbol* sym = nullptr;
+    std::optional<symbolize::KernelSymbol> sym;
     if (kallsyms_ != nullptr) sym = kallsyms_->Lookup(i == 0 ? ip : ip - 1);
     uint64_t loc;
-    if (sym == nullptr) {
+    if (!sym) {
       ++stats_.kernel_no_symbol;
       loc = builder.AddLocation(mapping_id, ip, {});
     } else {
-      uint64_t fid = builder.AddFunction({sym->name, sym->name, ""});
+      std::string name(sym->name);
+      uint64_t fid = builder.AddFunction({name, name, ""});
       loc = builder.AddLocation(mapping_id, ip, {fid});
     }
     builder.RememberLocation(ip, kind, loc);
@@ -46,8 +47,8 @@ size_t StackSymbolizer::TracingPrefixLength(absl::Span<const uint64_t> ips) cons
   if (kallsyms_ == nullptr) return 0;
   size_t n = 0;
   for (; n < ips.size() && n < 4; ++n) {
-    const symbolize::KernelSymbol* sym = kallsyms_->Lookup(ips[n]);
-    bool tracing = sym == nullptr || sym->module == "bpf" ||
+    std::optional<symbolize::KernelSymbol> sym = kallsyms_->Lookup(ips[n]);
+    bool tracing = !sym || sym->module == "bpf" ||
                    absl::StartsWith(sym->name, "bpf_trace_run") ||
                    absl::StartsWith(sym->name, "__bpf_trace_") ||
                    absl::StartsWith(sym->name, "bpf_prog_");

@@ -18,8 +18,8 @@ Kallsyms LoadFixture() {
 }
 
 std::string NameAt(const Kallsyms& syms, uint64_t addr) {
-  const KernelSymbol* sym = syms.Lookup(addr);
-  return sym == nullptr ? "<null>" : sym->name;
+  std::optional<KernelSymbol> sym = syms.Lookup(addr);
+  return sym ? std::string(sym->name) : "<null>";
 }
 
 TEST_CASE("Kallsyms keeps sorted text symbols only", "[symbolize]") {
@@ -59,28 +59,28 @@ TEST_CASE("Kallsyms lookups at, between and beyond symbols", "[symbolize]") {
 
 TEST_CASE("Kallsyms module names", "[symbolize]") {
   Kallsyms syms = LoadFixture();
-  const KernelSymbol* sym = syms.Lookup(0xffffffffc0a01900);
-  REQUIRE(sym != nullptr);
+  std::optional<KernelSymbol> sym = syms.Lookup(0xffffffffc0a01900);
+  REQUIRE(sym.has_value());
   CHECK(sym->name == "nvme_submit_cmd");
   CHECK(sym->module == "nvme");
   CHECK(sym->address == 0xffffffffc0a01800);
 
   sym = syms.Lookup(0xffffffffc0a01000);
-  REQUIRE(sym != nullptr);
+  REQUIRE(sym.has_value());
   CHECK(sym->name == "nvme_probe");
   CHECK(sym->module == "nvme");
 
   sym = syms.Lookup(0xffffffffc0b00010);
-  REQUIRE(sym != nullptr);
+  REQUIRE(sym.has_value());
   CHECK(sym->name == "xfs_iget");
   CHECK(sym->module == "xfs");
 
   sym = syms.Lookup(0xffffffffc0b00400);
-  REQUIRE(sym != nullptr);
+  REQUIRE(sym.has_value());
   CHECK(sym->module == "bpf");
 
   sym = syms.Lookup(0xffffffff81001000);
-  REQUIRE(sym != nullptr);
+  REQUIRE(sym.has_value());
   CHECK(sym->module.empty());
 }
 
@@ -112,8 +112,8 @@ TEST_CASE("Kallsyms::Parse accepts blank lines and CRLF", "[symbolize]") {
   auto syms = Kallsyms::Parse("\nffffffff81000000 T _stext\r\n\nffffffff81000100 t foo\t[mod]\r\n");
   REQUIRE(syms.ok());
   CHECK(syms->size() == 2);
-  const KernelSymbol* sym = syms->Lookup(0xffffffff81000101);
-  REQUIRE(sym != nullptr);
+  std::optional<KernelSymbol> sym = syms->Lookup(0xffffffff81000101);
+  REQUIRE(sym.has_value());
   CHECK(sym->name == "foo");
   CHECK(sym->module == "mod");
 }
@@ -134,7 +134,7 @@ TEST_CASE("Kallsyms::Load errors and the live file", "[symbolize]") {
   auto live = Kallsyms::Load();
   if (live.ok()) {
     CHECK(live->size() > 0);
-    CHECK(live->Lookup(live->min_address()) != nullptr);
+    CHECK(live->Lookup(live->min_address()).has_value());
   } else {
     WARN("live /proc/kallsyms not usable: " << live.status().ToString());
     CHECK((absl::IsFailedPrecondition(live.status()) || absl::IsNotFound(live.status()) ||
