@@ -1,12 +1,14 @@
 #include "agent/agent.h"
 
 #include <malloc.h>
+#include <time.h>
 #include <signal.h>
 
 #include <iostream>
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "agent/bpf/libbpf_log.h"
@@ -56,6 +58,13 @@ std::string EnabledProfiles(const ProfileTypes& t) {
     if (t.enabled[i]) names.push_back(ProfileTypeName(static_cast<ProfileType>(i)));
   }
   return absl::StrJoin(names, ",");
+}
+
+// CPU time of the calling thread (ns), CLOCK_THREAD_CPUTIME_ID (clock_gettime(2)).
+int64_t ThreadCpuNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
 // Reports the BPF counters, map gauges and program run times at scrape time, and the per-window
@@ -359,27 +368,55 @@ absl::Status RunAgent(const Config& config) {
   uint64_t windows = 0, profiles_written = 0, export_errors = 0;
   RateLimitedLog export_log;
   bool stop = false;
+  int64_t cpu_loop_end = ThreadCpuNs();
   while (!stop) {
     stop = WaitForDeadlineOrSignal(schedule.boundary_ns()) || schedule.final();
+    const int64_t cpu0 = ThreadCpuNs();
+    Log(LogLevel::kDebug, "between windows: agent CPU ms %.1f", (cpu0 - cpu_loop_end) / 1e6);
     auto data = bpf->Drain(stop);
     if (!data.ok()) return data.status();
-    for (const OnCpuRecord& r : data->oncpu) profile_set.AddOnCpu(r);
-    for (const OffCpuRecord& r : data->offcpu) profile_set.AddOffCpu(r);
-    for (const RuntimeRecord& r : data->runtime) profile_set.AddRuntime(r);
-    std::vector<ProcessProfile> profiles =
-        profile_set.Finish(data->start_mono_ns + unix_minus_mono,
-                           data->end_mono_ns - data->start_mono_ns);
-    for (const ProcessProfile& p : profiles) {
-      if (config.print_summary) summary.Add(p);
-      for (Exporter* e : exporters) {
-        absl::Status s = e->Export(p);
-        if (s.ok()) {
-          if (e == file_exporter.get()) ++profiles_written;
-        } else {
-          ++export_errors;
-          export_log.Log(LogLevel::kWarning, "export failed: %s", s.ToString());
+    const int64_t cpu_drained = ThreadCpuNs();
+    // Build and export process by process: only one process's builders and profiles are alive at
+    // a time, so memory follows the largest process, not the number of processes in the window.
+    struct RecordIndex {
+      std::vector<uint32_t> oncpu, offcpu, runtime;
+    };
+    absl::flat_hash_map<proc::ProcessKey, RecordIndex> by_process;
+    for (uint32_t i = 0; i < data->oncpu.size(); ++i) {
+      by_process[data->oncpu[i].process].oncpu.push_back(i);
+    }
+    for (uint32_t i = 0; i < data->offcpu.size(); ++i) {
+      by_process[data->offcpu[i].process].offcpu.push_back(i);
+    }
+    for (uint32_t i = 0; i < data->runtime.size(); ++i) {
+      by_process[data->runtime[i].process].runtime.push_back(i);
+    }
+    const int64_t t0_unix_ns = data->start_mono_ns + unix_minus_mono;
+    const int64_t duration_ns = data->end_mono_ns - data->start_mono_ns;
+    int64_t cpu_build = 0, cpu_export = 0;
+    size_t profiles_this_window = 0;
+    for (const auto& [key, index] : by_process) {
+      const int64_t c0 = ThreadCpuNs();
+      for (uint32_t i : index.oncpu) profile_set.AddOnCpu(data->oncpu[i]);
+      for (uint32_t i : index.offcpu) profile_set.AddOffCpu(data->offcpu[i]);
+      for (uint32_t i : index.runtime) profile_set.AddRuntime(data->runtime[i]);
+      std::vector<ProcessProfile> profiles = profile_set.Finish(t0_unix_ns, duration_ns);
+      const int64_t c1 = ThreadCpuNs();
+      profiles_this_window += profiles.size();
+      for (const ProcessProfile& p : profiles) {
+        if (config.print_summary) summary.Add(p);
+        for (Exporter* e : exporters) {
+          absl::Status s = e->Export(p);
+          if (s.ok()) {
+            if (e == file_exporter.get()) ++profiles_written;
+          } else {
+            ++export_errors;
+            export_log.Log(LogLevel::kWarning, "export failed: %s", s.ToString());
+          }
         }
       }
+      cpu_build += c1 - c0;
+      cpu_export += ThreadCpuNs() - c1;
     }
     processes.EndWindow();
     symbolizer.EndWindow();
@@ -387,14 +424,20 @@ absl::Status RunAgent(const Config& config) {
     ++windows;
     metrics.Update(profile_set.stats(), symbolizer.stats(), bpf->map_stats(), processes.size(),
                    profiles_written, export_errors);
-    Log(LogLevel::kDebug, "window %d: %d on-CPU records, %d off-CPU records, %d profiles",
-        windows, data->oncpu.size(), data->offcpu.size(), profiles.size());
+    Log(LogLevel::kDebug,
+        "window %d: %d on-CPU records, %d off-CPU records, %d processes, %d profiles; agent "
+        "CPU ms: drain %.1f, symbolize and build %.1f, export %.1f",
+        windows, data->oncpu.size(), data->offcpu.size(), by_process.size(),
+        profiles_this_window, (cpu_drained - cpu0) / 1e6, cpu_build / 1e6, cpu_export / 1e6);
     schedule.Advance(data->end_mono_ns);
-    profiles.clear();
+    by_process.clear();
     data = absl::StatusOr<WindowData>();
-    // A window's profiles are built and dropped at once: hand the freed heap back to the kernel
-    // so RSS follows the steady state, not the largest window (glibc keeps it otherwise).
+    // Hand the window's freed heap (records, builders) back to the kernel so RSS follows the
+    // steady state, not the largest window (glibc keeps it otherwise).
     malloc_trim(0);
+    cpu_loop_end = ThreadCpuNs();
+    Log(LogLevel::kDebug, "window %d: agent CPU ms in all %.1f", windows,
+        (cpu_loop_end - cpu0) / 1e6);
   }
 
   if (pusher != nullptr) {
