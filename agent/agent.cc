@@ -122,6 +122,16 @@ class AgentMetrics {
               {{"sample"}, static_cast<double>(c[PS_CTR_SAMPLE_REPAIRS])}};
         }));
     regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_offcpu_stack_sampling_total",
+        "Off-CPU stack sampling (--off-cpu-stack-rate): switch-outs whose stacks were not "
+        "captured, and short intervals counted w times to stand for them.",
+        {"event"}, [this] {
+          BpfCounters c = bpf_->Counters();
+          return std::vector<CallbackSample>{
+              {{"not_captured"}, static_cast<double>(c[PS_CTR_OFFCPU_NOT_CAPTURED])},
+              {{"weighted"}, static_cast<double>(c[PS_CTR_OFFCPU_WEIGHTED])}};
+        }));
+    regs_.push_back(registry->AddCallback(
         MetricType::kCounter, mn::kBpfRunTime,
         "Run time of each BPF program (needs sysctl kernel.bpf_stats_enabled=1).", {"program"},
         [this] {
@@ -304,6 +314,7 @@ absl::Status RunAgent(const Config& config) {
   opts.sched = config.profiles.needs_sched();
   opts.offcpu = config.profiles.needs_offcpu();
   opts.min_offcpu_ns = absl::ToInt64Nanoseconds(config.off_cpu_min_duration);
+  opts.offcpu_stack_rate = static_cast<uint32_t>(config.off_cpu_stack_rate);
   PS_ASSIGN_OR_RETURN(std::unique_ptr<BpfPrograms> bpf, BpfPrograms::Create(opts));
   // Unix time of a monotonic instant: windows are cut on CLOCK_MONOTONIC (what BPF sees).
   const int64_t unix_minus_mono = RealtimeNowNs() - MonotonicNowNs();
@@ -318,6 +329,13 @@ absl::Status RunAgent(const Config& config) {
   popts.description = absl::StrCat("parascope: event=", bpf->event_name(),
                                    " frequency=", config.sampling_frequency_hz, "Hz");
   popts.types = config.profiles;
+  if (config.off_cpu_stack_rate > 0) {
+    popts.offcpu_description = absl::StrCat(
+        "parascope: off-CPU stacks of a thread switching out more than ", config.off_cpu_stack_rate,
+        " times/s are captured at random (probability 1/w, w = rate/", config.off_cpu_stack_rate,
+        "); a captured interval under ", PS_EXACT_OFFCPU_NS / 1000000,
+        " ms counts w times (unbiased), longer intervals count once, exactly");
+  }
   ProfileSet profile_set(popts, &symbolizer, &processes);
 
   std::vector<Exporter*> exporters;
@@ -455,14 +473,16 @@ absl::Status RunAgent(const Config& config) {
   const BpfMapStats& ms = bpf->map_stats();
   Log(LogLevel::kInfo,
       "stopped: windows=%d samples_taken=%d samples_in_profiles=%d profiles_written=%d "
-      "export_errors=%d switches=%d switches_unseen(chain=%d sample=%d) offcpu_ns=%d sampled_cpu_ns=%d exact_cpu_ns=%d "
+      "export_errors=%d switches=%d switches_unseen(chain=%d sample=%d) "
+      "offcpu_stacks(not_captured=%d weighted=%d) offcpu_ns=%d sampled_cpu_ns=%d exact_cpu_ns=%d "
       "samples_parallelism_unknown=%d lost(agg_map_full=%d stack_map_full=%d "
       "thread_map_full=%d offcpu_map_full=%d running_map_full=%d runtime_map_full=%d) "
       "stacks(user_lost=%d kernel_lost=%d truncated=%d missing=%d) thread_states=%d "
       "thread_states_max=%d symbolize(frames=%d no_mapping=%d no_elf=%d no_symbol=%d "
       "kernel_no_symbol=%d) processes(vanished=%d)",
       windows, c[PS_CTR_SAMPLES], ps.samples, profiles_written, export_errors,
-      c[PS_CTR_SWITCHES], c[PS_CTR_SWITCH_CHAIN_BREAKS], c[PS_CTR_SAMPLE_REPAIRS], ps.offcpu_ns, ps.sampled_cpu_ns, ps.exact_cpu_ns,
+      c[PS_CTR_SWITCHES], c[PS_CTR_SWITCH_CHAIN_BREAKS], c[PS_CTR_SAMPLE_REPAIRS],
+      c[PS_CTR_OFFCPU_NOT_CAPTURED], c[PS_CTR_OFFCPU_WEIGHTED], ps.offcpu_ns, ps.sampled_cpu_ns, ps.exact_cpu_ns,
       ps.samples_parallelism_unknown, c[PS_CTR_AGG_MAP_FULL], c[PS_CTR_STACK_MAP_FULL],
       c[PS_CTR_THREAD_MAP_FULL], c[PS_CTR_OFFCPU_MAP_FULL], c[PS_CTR_RUNNING_MAP_FULL],
       c[PS_CTR_RUNTIME_MAP_FULL], ps.user_stack_lost, ps.kernel_stack_lost, ps.truncated,

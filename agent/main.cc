@@ -23,6 +23,9 @@ ABSL_FLAG(std::string, profiles, "cpu,off_cpu,wall,latency",
           "profile types to build: cpu, off_cpu, wall, latency (comma-separated)");
 ABSL_FLAG(absl::Duration, off_cpu_min_duration, absl::ZeroDuration(),
           "ignore off-CPU intervals shorter than this");
+ABSL_FLAG(int32_t, off_cpu_stack_rate, 1000,
+          "off-CPU stack captures per second per thread; above it stacks are sampled and "
+          "weighted (0: capture at every switch-out)");
 ABSL_FLAG(std::string, output_dir, "",
           "write DIR/<pid>/<profile>-<t0 unix ms>.pb.gz (gzip pprof) each window");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
@@ -92,6 +95,7 @@ int main(int argc, char** argv) {
   if (!profiles.ok()) return UsageError("--profiles: " + std::string(profiles.status().message()));
   config.profiles = *profiles;
   config.off_cpu_min_duration = absl::GetFlag(FLAGS_off_cpu_min_duration);
+  config.off_cpu_stack_rate = absl::GetFlag(FLAGS_off_cpu_stack_rate);
   config.output_dir = absl::GetFlag(FLAGS_output_dir);
   if (!parascope::ParseLogLevel(absl::GetFlag(FLAGS_log_level), &config.log_level)) {
     return UsageError("--log-level: expected debug, info, warning or error, got '" +

@@ -141,6 +141,9 @@ static __always_inline __u64 ps_capture_stack(void *ctx, void *scratch, void *st
   }
   st->len = (__u32)n / sizeof(__u64);
   __u64 h = ps_stack_hash(st, flags);
+  /* Most stacks repeat: a lock-free lookup first skips the bucket lock of an update. */
+  if (bpf_map_lookup_elem(stacks, &h))
+    return h;
   long rc = bpf_map_update_elem(stacks, &h, st, BPF_NOEXIST);
   if (rc && rc != -EEXIST) {
     ps_count(PS_CTR_STACK_MAP_FULL);

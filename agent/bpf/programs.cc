@@ -52,6 +52,53 @@ void DeleteAll(int fd, const std::vector<K>& keys) {
   for (const K& k : keys) bpf_map_delete_elem(fd, &k);
 }
 
+// Reads and deletes every entry of a hash map nobody writes any more (the drained buffer), calling
+// fn(key, value) for each. Uses BPF_MAP_LOOKUP_AND_DELETE_BATCH (Linux 5.6; bpf(2),
+// kernel/bpf/hashtab.c __htab_map_lookup_and_delete_batch): one system call per few hundred
+// entries instead of three per entry. Where the kernel lacks it, falls back to get_next_key,
+// lookup and delete.
+template <typename K, typename V, typename Fn>
+void DrainMap(int fd, Fn&& fn) {
+  uint32_t batch = 256;
+  std::vector<K> keys(batch);
+  std::vector<V> values(batch);
+  uint32_t in_batch = 0, out_batch = 0;
+  bool first = true;
+  for (;;) {
+    uint32_t count = batch;
+    int rc = bpf_map_lookup_and_delete_batch(fd, first ? nullptr : &in_batch, &out_batch,
+                                             keys.data(), values.data(), &count, nullptr);
+    int err = rc < 0 ? errno : 0;
+    if (rc < 0 && err == ENOSPC && count == 0 && batch < (1u << 20)) {
+      // One hash bucket holds more entries than the buffers: grow and retry the same bucket.
+      batch *= 2;
+      keys.resize(batch);
+      values.resize(batch);
+      continue;
+    }
+    if (rc < 0 && first && count == 0 &&
+        (err == EINVAL || err == EOPNOTSUPP || err == ENOTSUP || err == 524 /* ENOTSUPP */)) {
+      std::vector<K> all = AllKeys<K>(fd);
+      V v;
+      for (const K& k : all) {
+        if (bpf_map_lookup_elem(fd, &k, &v) == 0) fn(k, v);
+      }
+      DeleteAll(fd, all);
+      return;
+    }
+    for (uint32_t i = 0; i < count; ++i) fn(keys[i], values[i]);
+    if (rc < 0) {
+      if (err != ENOENT) {
+        static RateLimitedLog log;
+        log.Log(LogLevel::kWarning, "draining a BPF map: %s", std::strerror(err));
+      }
+      return;
+    }
+    in_batch = out_batch;
+    first = false;
+  }
+}
+
 // True when the kernel's BTF describes the sched_switch tracepoint for tp_btf programs.
 bool HasBtfTracepoint(const char* name) {
   btf* vmlinux = btf__load_vmlinux_btf();
@@ -168,6 +215,7 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   sched_->rodata->ps_cfg_filter_tgid = options.tgids.empty() ? 0 : 1;
   sched_->rodata->ps_cfg_offcpu = options.offcpu ? 1 : 0;
   sched_->rodata->ps_cfg_min_offcpu_ns = options.min_offcpu_ns;
+  sched_->rodata->ps_cfg_stack_rate = options.offcpu_stack_rate;
   // tp_btf where the kernel's BTF has the tracepoint, else raw_tp (libbpf-tools offcputime).
   bool btf = HasBtfTracepoint("sched_switch") && HasBtfTracepoint("sched_process_exit");
   sched_kind_ = btf ? "tp_btf" : "raw_tp";
@@ -301,21 +349,15 @@ void BpfPrograms::ResolveStacks(uint64_t kernel_stack, int32_t kernel_err, uint6
 void BpfPrograms::DrainBuffer(uint32_t index, WindowData* out) {
   // Stacks first: records of this buffer and intervals ending later refer to them.
   int stacks_fd = bpf_map__fd(index == 0 ? oncpu_->maps.ps_stacks0 : oncpu_->maps.ps_stacks1);
-  std::vector<uint64_t> stack_keys = AllKeys<uint64_t>(stacks_fd);
-  ps_stack st;
-  for (uint64_t h : stack_keys) {
-    if (bpf_map_lookup_elem(stacks_fd, &h, &st) != 0) continue;
+  DrainMap<uint64_t, ps_stack>(stacks_fd, [&](uint64_t h, const ps_stack& st) {
     CachedStack& c = stack_cache_[h];
     c.ips.assign(st.ips, st.ips + std::min<uint32_t>(st.len, PS_MAX_STACK_DEPTH));
     c.last_used_window = window_index_;
-  }
-  DeleteAll(stacks_fd, stack_keys);
+  });
 
   int agg_fd = bpf_map__fd(index == 0 ? oncpu_->maps.ps_oncpu0 : oncpu_->maps.ps_oncpu1);
-  std::vector<ps_oncpu_key> keys = AllKeys<ps_oncpu_key>(agg_fd);
-  for (const ps_oncpu_key& k : keys) {
-    ps_oncpu_value v;
-    if (bpf_map_lookup_elem(agg_fd, &k, &v) != 0) continue;
+  DrainMap<ps_oncpu_key, ps_oncpu_value>(agg_fd, [&](const ps_oncpu_key& k,
+                                                     const ps_oncpu_value& v) {
     OnCpuRecord r;
     r.process = proc::ProcessKey{k.tgid, k.tgid_start_ns};
     r.tid = k.tid;
@@ -326,15 +368,12 @@ void BpfPrograms::DrainBuffer(uint32_t index, WindowData* out) {
     r.count = v.count;
     r.period_sum = v.period_sum;
     out->oncpu.push_back(std::move(r));
-  }
-  DeleteAll(agg_fd, keys);
+  });
   if (sched_ == nullptr) return;
 
   int off_fd = bpf_map__fd(index == 0 ? sched_->maps.ps_offcpu0 : sched_->maps.ps_offcpu1);
-  std::vector<ps_offcpu_key> okeys = AllKeys<ps_offcpu_key>(off_fd);
-  for (const ps_offcpu_key& k : okeys) {
-    ps_offcpu_value v;
-    if (bpf_map_lookup_elem(off_fd, &k, &v) != 0) continue;
+  DrainMap<ps_offcpu_key, ps_offcpu_value>(off_fd, [&](const ps_offcpu_key& k,
+                                                       const ps_offcpu_value& v) {
     OffCpuRecord r;
     r.process = proc::ProcessKey{k.tgid, k.tgid_start_ns};
     r.tid = k.tid;
@@ -344,17 +383,12 @@ void BpfPrograms::DrainBuffer(uint32_t index, WindowData* out) {
     r.ns = v.ns;
     r.count = v.count;
     out->offcpu.push_back(std::move(r));
-  }
-  DeleteAll(off_fd, okeys);
+  });
 
   int rt_fd = bpf_map__fd(index == 0 ? sched_->maps.ps_runtime0 : sched_->maps.ps_runtime1);
-  std::vector<ps_runtime_key> rkeys = AllKeys<ps_runtime_key>(rt_fd);
-  for (const ps_runtime_key& k : rkeys) {
-    uint64_t ns = 0;
-    if (bpf_map_lookup_elem(rt_fd, &k, &ns) != 0) continue;
+  DrainMap<ps_runtime_key, uint64_t>(rt_fd, [&](const ps_runtime_key& k, uint64_t ns) {
     out->runtime.push_back({proc::ProcessKey{k.tgid, k.tgid_start_ns}, ns});
-  }
-  DeleteAll(rt_fd, rkeys);
+  });
 }
 
 void BpfPrograms::ScanThreads(int64_t prev_ws, int64_t ws, WindowData* out) {
@@ -396,7 +430,9 @@ void BpfPrograms::ScanThreads(int64_t prev_ws, int64_t ws, WindowData* out) {
                ts.carry_user_stack, ts.carry_user_stack_err, ts.carry_state);
         }
       } else if (ts.out_ns != 0 && ts.out_ns < cur) {
-        if (cur - ts.out_ns >= min_offcpu_ns_) {
+        // An interval whose stacks were not captured counts only once it is long (abi.h).
+        if (cur - ts.out_ns >= min_offcpu_ns_ &&
+            (ts.stack_weight != 0 || cur - ts.out_ns >= PS_EXACT_OFFCPU_NS)) {
           emit(keys[i], ts, ts.out_ns, ts.kernel_stack, ts.kernel_stack_err, ts.user_stack,
                ts.user_stack_err, ts.state);
         }

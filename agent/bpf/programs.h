@@ -55,6 +55,9 @@ class BpfPrograms : public WindowSource {
     bool sched = true;    // load sched.bpf.o: parallelism (latency) and exact on-CPU time
     bool offcpu = true;   // also track off-CPU intervals (off_cpu, wall); needs sched
     uint64_t min_offcpu_ns = 0;
+    // Off-CPU stack captures per second per thread before stacks are sampled (bpf/abi.h,
+    // PS_RATE_PERIOD_NS); 0 captures every switch-out.
+    uint32_t offcpu_stack_rate = 0;
   };
 
   // Opens both skeletons, sizes their maps, loads them (CO-RE; tp_btf, else raw_tp, chosen

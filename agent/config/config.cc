@@ -29,6 +29,10 @@ absl::Status Config::Validate() const {
         "--off-cpu-min-duration: must not be negative, got ",
         absl::FormatDuration(off_cpu_min_duration)));
   }
+  if (off_cpu_stack_rate < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--off-cpu-stack-rate: must not be negative, got ", off_cpu_stack_rate));
+  }
   if (!remote_url.empty()) {
     if (!absl::StartsWith(remote_url, "http://") && !absl::StartsWith(remote_url, "https://")) {
       return absl::InvalidArgumentError(absl::StrCat(

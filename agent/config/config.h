@@ -26,6 +26,9 @@ struct Config {
   ProfileTypes profiles;
   // Off-CPU intervals shorter than this are ignored (--off-cpu-min-duration).
   absl::Duration off_cpu_min_duration = absl::ZeroDuration();
+  // Off-CPU stack captures per second per thread before stacks are sampled with unbiased weights
+  // (--off-cpu-stack-rate; bpf/abi.h PS_RATE_PERIOD_NS); 0 captures every switch-out.
+  int32_t off_cpu_stack_rate = 1000;
   // Write DIR/<pid>/<name>-<t0 unix ms>.pb.gz; empty = no files.
   std::string output_dir;
   LogLevel log_level = LogLevel::kInfo;

@@ -110,8 +110,11 @@ bool Truncated(const StackPair& s) {
 }  // namespace
 
 void ProfileSet::CountStackQuality(const StackPair& s, uint64_t weight) {
-  if (s.kernel_stack_err != 0) stats_.kernel_stack_lost += weight;
-  if (s.user_stack_err != 0 && s.user_stack_err != PS_ERR_ASLEEP_AT_ATTACH) {
+  if (s.kernel_stack_err != 0 && s.kernel_stack_err != PS_ERR_NOT_CAPTURED) {
+    stats_.kernel_stack_lost += weight;
+  }
+  if (s.user_stack_err != 0 && s.user_stack_err != PS_ERR_ASLEEP_AT_ATTACH &&
+      s.user_stack_err != PS_ERR_NOT_CAPTURED) {
     stats_.user_stack_lost += weight;
   }
   if (Truncated(s)) stats_.truncated += weight;
@@ -121,10 +124,16 @@ void ProfileSet::Locations(PprofBuilder& b, const proc::ProcessKey& process,
                            const StackPair& s, std::vector<uint64_t>* out) {
   out->clear();
   symbolizer_->AddKernelFrames(b, s.kernel_ips, out);
-  if (s.kernel_stack_err != 0) out->push_back(b.AddSyntheticLocation("[unknown kernel]"));
+  if (s.kernel_stack_err == PS_ERR_NOT_CAPTURED) {
+    out->push_back(b.AddSyntheticLocation("[kernel stack not captured]"));
+  } else if (s.kernel_stack_err != 0) {
+    out->push_back(b.AddSyntheticLocation("[unknown kernel]"));
+  }
   symbolizer_->AddUserFrames(b, process, s.user_ips, out);
   if (s.user_stack_err == PS_ERR_ASLEEP_AT_ATTACH) {
     out->push_back(b.AddSyntheticLocation("[unknown: asleep since before attach]"));
+  } else if (s.user_stack_err == PS_ERR_NOT_CAPTURED) {
+    out->push_back(b.AddSyntheticLocation("[user stack not captured]"));
   } else if (s.user_stack_err != 0) {
     out->push_back(b.AddSyntheticLocation("[unknown]"));
   } else if (Truncated(s)) {
@@ -221,6 +230,10 @@ std::vector<ProcessProfile> ProfileSet::Finish(int64_t t0_unix_ns, int64_t durat
       if (b == nullptr) continue;
       auto type = static_cast<ProfileType>(i);
       if (!options_.description.empty()) b->AddComment(options_.description);
+      if ((type == ProfileType::kOffCpu || type == ProfileType::kWall) &&
+          !options_.offcpu_description.empty()) {
+        b->AddComment(options_.offcpu_description);
+      }
       if (type == ProfileType::kCpu && pp.exact_ns > 0) {
         b->AddComment(absl::StrFormat(
             "on-CPU time: sampled %d ns, exact from sched_switch %d ns (ratio %.3f)",

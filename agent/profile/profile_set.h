@@ -57,6 +57,8 @@ struct ProfileOptions {
   std::string description;
   // Add `thread_name` (string) and `tid` (numeric) sample labels (local files; SPEC section 3).
   bool thread_labels = true;
+  // Added to off_cpu and wall profiles as a comment when off-CPU stacks are sampled.
+  std::string offcpu_description;
   ProfileTypes types;
 };
 

@@ -269,6 +269,52 @@ TEST_CASE("sched e2e: off-CPU splits 3:1 between sleep_30ms and pipe_wait_10ms a
   CHECK(s.work->Wait(10) == 0);
 }
 
+// Off-CPU stack sampling (--off-cpu-stack-rate, default 1000/s per thread): a thread blocking
+// ~20k times/s has most switch-outs uncaptured, and the weighted captured ones must still sum to
+// its off-CPU time and split it between its two wait sites as measured.
+TEST_CASE("sched e2e: sampled off-CPU stacks of a thread blocking 20k times a second keep the "
+          "total and the split",
+          "[root][e2e]") {
+  if (!RequireRoot()) return;
+  TempDir out;
+  Session s;
+  RunSession(&s, {std::string(PS_WORKLOAD_DIR) + "/offcpu_fast", "4"},
+             {"--profiles=off_cpu,wall", "--duration=6s", "--sampling-frequency=499"},
+             out.path(), 30);
+  const int64_t tid = s.Done("tid");
+  const int64_t life = s.Done("life_ns"), cpu = s.Done("cpu_ns");
+  const int64_t w20 = s.Done("wait20_ns"), w60 = s.Done("wait60_ns");
+  const uint64_t not_captured = StoppedStat(s.agent_log, "not_captured");
+  const uint64_t weighted = StoppedStat(s.agent_log, "weighted");
+  std::vector<Window> off = Load(out.path(), s.pid, "off_cpu");
+  std::vector<Window> wall = Load(out.path(), s.pid, "wall");
+  REQUIRE(!off.empty());
+  REQUIRE(!wall.empty());
+  Pred me = TidIs(tid);
+  int64_t total = SumOf(off, "off_cpu", me);
+  int64_t in20 = SumOf(off, "off_cpu", And(me, InFunction("wait_20us")));
+  int64_t in60 = SumOf(off, "off_cpu", And(me, InFunction("wait_60us")));
+  int64_t wall_total = SumOf(wall, "wall", me);
+  FIGURES("tid " << tid << ": " << s.Done("waits") << " waits in " << Ms(life) << "; switch-outs "
+              << "not captured " << not_captured << ", weighted intervals " << weighted
+              << "; off-CPU total " << Ms(total) << " (truth life-cpu " << Ms(life - cpu)
+              << ", ratio " << Ratio(total, life - cpu) << "), wait_20us share "
+              << Ratio(in20, total) << " (truth " << Ratio(w20, w20 + w60) << "), wait_60us "
+              << Ratio(in60, total) << " (truth " << Ratio(w60, w20 + w60) << "); wall "
+              << Ms(wall_total) << " (life " << Ms(life) << ")");
+  // The premise: the thread switched far more often than the capture rate, so sampling was on.
+  REQUIRE(s.Done("waits") * 1e9 / life > 5000);
+  CHECK(not_captured > 0);
+  CHECK(weighted > 0);
+  REQUIRE(total > 0);
+  CHECK(Ratio(total, life - cpu) == Approx(1.0).margin(0.08));
+  CHECK(Ratio(in20, total) == Approx(Ratio(w20, w20 + w60)).margin(0.05));
+  CHECK(Ratio(in60, total) == Approx(Ratio(w60, w20 + w60)).margin(0.05));
+  CHECK(Ratio(wall_total, life) == Approx(1.0).margin(0.08));
+  s.work->CloseStdin();
+  CHECK(s.work->Wait(10) == 0);
+}
+
 // Acceptance 2 (and 7): CPU vs latency shares, parallelism labels; default --profiles.
 TEST_CASE("sched e2e: latency weighs serial_work and parallel_work 1:1 where CPU says 1:2",
           "[root][e2e]") {

@@ -1,0 +1,42 @@
+// Helpers shared by the ground-truth workloads (C, built with clang: see CMakeLists.txt).
+#ifndef PARASCOPE_TEST_WORKLOADS_WORKLOAD_UTIL_H_
+#define PARASCOPE_TEST_WORKLOADS_WORKLOAD_UTIL_H_
+
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+// A system call issued inline: glibc's wrappers are leaves without a frame pointer, and a
+// frame-pointer walk from inside one skips its caller, so waits are issued from the measured
+// function itself.
+__attribute__((always_inline)) static inline long raw_syscall4(long n, long a, long b, long c,
+                                                               long d) {
+#if defined(__x86_64__)
+  long ret;
+  register long r10 __asm__("r10") = d;
+  __asm__ volatile("syscall"
+                   : "=a"(ret)
+                   : "0"(n), "D"(a), "S"(b), "d"(c), "r"(r10)
+                   : "rcx", "r11", "memory");
+  return ret;
+#elif defined(__aarch64__)
+  register long x8 __asm__("x8") = n;
+  register long x0 __asm__("x0") = a;
+  register long x1 __asm__("x1") = b;
+  register long x2 __asm__("x2") = c;
+  register long x3 __asm__("x3") = d;
+  __asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3) : "memory");
+  return x0;
+#else
+  return syscall(n, a, b, c, d);
+#endif
+}
+
+// Clock `c` in ns (clock_gettime(2)).
+static inline long long now_ns(clockid_t c) {
+  struct timespec ts;
+  clock_gettime(c, &ts);
+  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+#endif  // PARASCOPE_TEST_WORKLOADS_WORKLOAD_UTIL_H_
