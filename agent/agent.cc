@@ -415,8 +415,9 @@ absl::Status RunAgent(const Config& config) {
     size_t profiles_this_window = 0;
     for (const auto& [key, index] : by_process) {
       const int64_t c0 = ThreadCpuNs();
-      for (uint32_t i : index.oncpu) profile_set.AddOnCpu(data->oncpu[i]);
+      // Off-CPU first: the wall profile then starts as a copy of the off_cpu one.
       for (uint32_t i : index.offcpu) profile_set.AddOffCpu(data->offcpu[i]);
+      for (uint32_t i : index.oncpu) profile_set.AddOnCpu(data->oncpu[i]);
       for (uint32_t i : index.runtime) profile_set.AddRuntime(data->runtime[i]);
       std::vector<ProcessProfile> profiles = profile_set.Finish(t0_unix_ns, duration_ns);
       const int64_t c1 = ThreadCpuNs();

@@ -302,8 +302,9 @@ absl::StatusOr<WindowData> BpfPrograms::Drain(bool final) {
   DrainBuffer(closed, &out);
   if (final) DrainBuffer(closed ^ 1, &out);
   if (sched_ != nullptr) {
-    ScanThreads(window_start_ns_, ws, &out);
-    ScanCpus(window_start_ns_, ws, &out);
+    absl::flat_hash_map<uint32_t, uint64_t> on_cpu;
+    ScanCpus(window_start_ns_, ws, &on_cpu, &out);
+    ScanThreads(window_start_ns_, ws, on_cpu, &out);
   }
   window_start_ns_ = ws;
 
@@ -391,20 +392,26 @@ void BpfPrograms::DrainBuffer(uint32_t index, WindowData* out) {
   });
 }
 
-void BpfPrograms::ScanThreads(int64_t prev_ws, int64_t ws, WindowData* out) {
+void BpfPrograms::ScanThreads(int64_t prev_ws, int64_t ws,
+                              const absl::flat_hash_map<uint32_t, uint64_t>& on_cpu,
+                              WindowData* out) {
   int fd = bpf_map__fd(sched_->maps.ps_threads);
   const uint64_t cur = static_cast<uint64_t>(ws), prev = static_cast<uint64_t>(prev_ws);
   auto emit = [&](uint32_t tid, const ps_thread_state& ts, uint64_t from, uint64_t kstack,
                   int32_t kerr, uint64_t ustack, int32_t uerr, uint32_t state) {
     from = std::max(from, prev);
-    if (cur <= from) return;
+    uint64_t to = cur;
+    // Marked off-CPU but running on a CPU since `since`: it came in by an unreported switch
+    // (bpf/abi.h), so it was off-CPU only until then.
+    if (auto it = on_cpu.find(tid); it != on_cpu.end()) to = std::min(to, it->second);
+    if (to <= from) return;
     OffCpuRecord r;
     r.process = proc::ProcessKey{ts.tgid, ts.tgid_start_ns};
     r.tid = tid;
     r.thread_name.assign(ts.comm, strnlen(ts.comm, sizeof(ts.comm)));
     ResolveStacks(kstack, kerr, ustack, uerr, &r.stacks);
     r.state = state;
-    r.ns = cur - from;
+    r.ns = to - from;
     r.count = 1;
     out->offcpu.push_back(std::move(r));
   };
@@ -457,7 +464,8 @@ void BpfPrograms::ScanThreads(int64_t prev_ws, int64_t ws, WindowData* out) {
   map_stats_.thread_states_max = std::max(map_stats_.thread_states_max, entries);
 }
 
-void BpfPrograms::ScanCpus(int64_t prev_ws, int64_t ws, WindowData* out) {
+void BpfPrograms::ScanCpus(int64_t prev_ws, int64_t ws,
+                           absl::flat_hash_map<uint32_t, uint64_t>* on_cpu, WindowData* out) {
   int ncpu = libbpf_num_possible_cpus();
   if (ncpu <= 0) return;
   std::vector<ps_cpu_state> cpus(ncpu);
@@ -465,6 +473,7 @@ void BpfPrograms::ScanCpus(int64_t prev_ws, int64_t ws, WindowData* out) {
   if (bpf_map_lookup_elem(bpf_map__fd(oncpu_->maps.ps_cpu_state), &zero, cpus.data()) != 0) return;
   const uint64_t cur = static_cast<uint64_t>(ws), prev = static_cast<uint64_t>(prev_ws);
   for (const ps_cpu_state& c : cpus) {
+    if (c.known && c.counted && c.tid != 0) (*on_cpu)[c.tid] = c.in_ns;
     uint64_t from;
     proc::ProcessKey key;
     if (c.carry_ws_ns == cur) {

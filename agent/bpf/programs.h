@@ -100,8 +100,13 @@ class BpfPrograms : public WindowSource {
   // Reads and empties buffer `index` (no program may be writing it) into *out.
   void DrainBuffer(uint32_t index, WindowData* out);
   // Attributes the parts of intervals crossing [prev_ws, ws) that BPF left to the daemon.
-  void ScanThreads(int64_t prev_ws, int64_t ws, WindowData* out);
-  void ScanCpus(int64_t prev_ws, int64_t ws, WindowData* out);
+  // `on_cpu`: tid -> since when ScanCpus saw it on a CPU (ktime ns), for threads whose switch-in
+  // the tracepoint did not report (their state still says off-CPU; bpf/abi.h).
+  void ScanThreads(int64_t prev_ws, int64_t ws, const absl::flat_hash_map<uint32_t, uint64_t>& on_cpu,
+                   WindowData* out);
+  // Adds the on-CPU time of the tasks running at the boundary; fills *on_cpu.
+  void ScanCpus(int64_t prev_ws, int64_t ws, absl::flat_hash_map<uint32_t, uint64_t>* on_cpu,
+                WindowData* out);
   // Fills *pair from the stack cache; marks the stacks used in this window.
   void ResolveStacks(uint64_t kernel_stack, int32_t kernel_err, uint64_t user_stack,
                      int32_t user_err, StackPair* pair);

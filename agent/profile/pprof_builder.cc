@@ -1,5 +1,7 @@
 #include "agent/profile/pprof_builder.h"
 
+#include <algorithm>
+
 #include <zlib.h>
 
 #include "absl/status/statusor.h"
@@ -21,6 +23,26 @@ PprofBuilder::PprofBuilder(std::vector<ValueTypeSpec> sample_types, ValueTypeSpe
     profile_.mutable_period_type()->set_unit(InternString(period_type.unit));
     profile_.set_period(period);
   }
+}
+
+PprofBuilder PprofBuilder::ForkAs(const std::vector<ValueTypeSpec>& sample_types,
+                                  const ValueTypeSpec& period_type, int64_t period) const {
+  PprofBuilder b = *this;
+  const size_t n = std::min<size_t>(sample_types.size(), b.profile_.sample_type_size());
+  for (size_t i = 0; i < n; ++i) {
+    auto* vt = b.profile_.mutable_sample_type(static_cast<int>(i));
+    vt->set_type(b.InternString(sample_types[i].type));
+    vt->set_unit(b.InternString(sample_types[i].unit));
+  }
+  if (period_type.type.empty()) {
+    b.profile_.clear_period_type();
+    b.profile_.clear_period();
+  } else {
+    b.profile_.mutable_period_type()->set_type(b.InternString(period_type.type));
+    b.profile_.mutable_period_type()->set_unit(b.InternString(period_type.unit));
+    b.profile_.set_period(period);
+  }
+  return b;
 }
 
 int64_t PprofBuilder::InternString(absl::string_view s) {

@@ -77,6 +77,13 @@ class PprofBuilder {
                  absl::Span<const LabelSpec> labels);
   void AddComment(absl::string_view comment);
 
+  // A copy of this builder (its Strings, Mappings, Functions, Locations, samples and location
+  // memo) that describes a different profile type: same number of sample types, new names, new
+  // period. Cheaper than symbolizing the same stacks again (the wall profile starts as a copy of
+  // the off_cpu one). The old type names stay in the string table, unreferenced.
+  PprofBuilder ForkAs(const std::vector<ValueTypeSpec>& sample_types,
+                      const ValueTypeSpec& period_type, int64_t period) const;
+
   // A memo for callers that map raw frames to Locations (the symbolizer): `key` identifies a
   // frame (e.g. address and kind), the value is the Location id made for it in this profile.
   // Lets repeated addresses skip symbolization. 0 = not remembered.

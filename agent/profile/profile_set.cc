@@ -148,8 +148,17 @@ std::vector<LabelSpec> ProfileSet::ThreadLabels(const std::string& thread_name,
   return {LabelSpec::Str("thread_name", thread_name), LabelSpec::Num("tid", tid)};
 }
 
+void ProfileSet::ForkWall(PerProcess& pp) {
+  auto& wall = pp.builders[static_cast<int>(ProfileType::kWall)];
+  const auto& off = pp.builders[static_cast<int>(ProfileType::kOffCpu)];
+  if (wall != nullptr || off == nullptr || !options_.types.has(ProfileType::kWall)) return;
+  wall = std::make_unique<PprofBuilder>(off->ForkAs({{"wall", "nanoseconds"}},
+                                                    {"wall", "nanoseconds"}, options_.period_ns));
+}
+
 void ProfileSet::AddOnCpu(const OnCpuRecord& r) {
   PerProcess& pp = ForProcess(r.process, r.tid, r.thread_name);
+  ForkWall(pp);
   pp.has_samples = true;
   const int64_t cpu_ns = options_.period_is_ns ? static_cast<int64_t>(r.period_sum)
                                                : static_cast<int64_t>(r.count) * options_.period_ns;
@@ -204,6 +213,12 @@ void ProfileSet::AddOffCpu(const OffCpuRecord& record) {
   int64_t values[1] = {static_cast<int64_t>(r.ns)};
   CountStackQuality(r.stacks, r.count);
   for (ProfileType t : {ProfileType::kOffCpu, ProfileType::kWall}) {
+    // While the process has an off_cpu profile and no wall one yet, the wall profile is made
+    // later as a copy of the off_cpu one (ForkWall): its off-CPU samples are the same.
+    if (t == ProfileType::kWall && pp.builders[static_cast<int>(ProfileType::kWall)] == nullptr &&
+        pp.builders[static_cast<int>(ProfileType::kOffCpu)] != nullptr) {
+      continue;
+    }
     PprofBuilder* b = Builder(pp, t);
     if (b == nullptr) continue;
     Locations(*b, r.process, r.stacks, &scratch_);
@@ -225,6 +240,7 @@ void ProfileSet::AddRuntime(const RuntimeRecord& r) {
 std::vector<ProcessProfile> ProfileSet::Finish(int64_t t0_unix_ns, int64_t duration_ns) {
   std::vector<ProcessProfile> out;
   for (auto& [key, pp] : per_process_) {
+    ForkWall(pp);
     for (int i = 0; i < kNumProfileTypes; ++i) {
       auto& b = pp.builders[i];
       if (b == nullptr) continue;

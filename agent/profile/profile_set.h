@@ -102,6 +102,8 @@ class ProfileSet {
   };
   PerProcess& ForProcess(const proc::ProcessKey& key, uint32_t tid, const std::string& comm);
   PprofBuilder* Builder(PerProcess& pp, ProfileType t);
+  // Makes pp's wall builder a copy of its off_cpu builder if it has the latter and not the former.
+  void ForkWall(PerProcess& pp);
   // Location ids of a stack in `b`, with synthetic frames for lost/truncated stacks.
   void Locations(PprofBuilder& b, const proc::ProcessKey& process, const StackPair& stacks,
                  std::vector<uint64_t>* out);

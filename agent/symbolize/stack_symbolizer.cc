@@ -85,17 +85,26 @@ void StackSymbolizer::AddUserFrames(PprofBuilder& builder, const proc::ProcessKe
     spec.filename = m->path.empty() ? "[anon]" : m->path;
     std::shared_ptr<const symbolize::ElfFile> elf;
     if (m->file_backed()) {
-      // One ELF cache lookup (a stat(2)) per process mapping and window.
-      auto [it, inserted] =
-          window_elfs_.try_emplace(std::make_tuple(process.tgid, process.start_boot_ns, m->start));
-      if (inserted) {
+      // One ELF cache lookup (a stat(2)) per file and window: processes mapping the same file
+      // (device and inode from /proc/<pid>/maps) share it.
+      const bool has_identity = m->inode != 0 && !m->deleted;
+      const auto file_key = std::make_tuple(
+          kFileKey, (uint64_t{m->dev_major} << 32) | m->dev_minor, m->inode, uint64_t{0});
+      const auto process_key =
+          std::make_tuple(kProcessKey, uint64_t{process.tgid}, process.start_boot_ns, m->start);
+      auto it = window_elfs_.end();
+      if (has_identity) it = window_elfs_.find(file_key);
+      if (it == window_elfs_.end()) it = window_elfs_.find(process_key);
+      if (it == window_elfs_.end()) {
         std::string host_path = processes_->HostPath(process, *m);
         auto elf_or = elf_cache_->Get(host_path);
         if (elf_or.ok()) {
-          it->second = *std::move(elf_or);
+          it = window_elfs_.emplace(has_identity ? file_key : process_key, *std::move(elf_or))
+                   .first;
         } else {
           elf_errors_log_.Log(LogLevel::kWarning, "symbolize: cannot read %s: %s", host_path,
                               elf_or.status().ToString());
+          it = window_elfs_.emplace(process_key, nullptr).first;
         }
       }
       elf = it->second;

@@ -5,6 +5,7 @@
 #include "agent/proc/read_file.h"
 #include "agent/proc/stat.h"
 #include <map>
+#include <set>
 #include "bpf/abi.h"
 
 // Functions of this test binary (a PIE) that the symbolizer must name through /proc/self.
@@ -200,6 +201,20 @@ TEST_CASE("ProfileSet builds off_cpu wall and latency with SPEC's types and labe
   opts.period_is_ns = true;
   ProfileSet set(opts, &symbolizer, &processes);
   proc::ProcessKey key{4242, proc::TicksToNs(123456)};
+  // Off-CPU records first makes the wall profile a copy of the off_cpu one (ForkWall); on-CPU
+  // first builds it directly. Both must give the same profiles.
+  const bool offcpu_first = GENERATE(false, true);
+  INFO("off-CPU records first: " << offcpu_first);
+
+  OffCpuRecord off;
+  off.process = key;
+  off.tid = 4243;
+  off.thread_name = "worker";
+  off.stacks.user_ips = {0x55d4c8a3f020};
+  off.state = PS_STATE_SLEEPING;
+  off.ns = 5000000;
+  off.count = 2;
+  if (offcpu_first) set.AddOffCpu(off);
 
   OnCpuRecord on;
   on.process = key;
@@ -216,15 +231,7 @@ TEST_CASE("ProfileSet builds off_cpu wall and latency with SPEC's types and labe
   on.period_sum = 1000000;
   set.AddOnCpu(on);
 
-  OffCpuRecord off;
-  off.process = key;
-  off.tid = 4243;
-  off.thread_name = "worker";
-  off.stacks.user_ips = {0x55d4c8a3f020};
-  off.state = PS_STATE_SLEEPING;
-  off.ns = 5000000;
-  off.count = 2;
-  set.AddOffCpu(off);
+  if (!offcpu_first) set.AddOffCpu(off);
   set.AddRuntime({key, 4100000});
 
   auto out = set.Finish(0, 10000000);
@@ -271,14 +278,26 @@ TEST_CASE("ProfileSet builds off_cpu wall and latency with SPEC's types and labe
   CHECK(label(offp, 0, "tid") == "4243");
 
   const auto& wall = *by_type.at("wall");
+  REQUIRE(wall.sample_type_size() == 1);
   CHECK(str(wall, wall.sample_type(0).type()) == "wall");
+  CHECK(str(wall, wall.sample_type(0).unit()) == "nanoseconds");
   CHECK(str(wall, wall.period_type().type()) == "wall");
+  CHECK(str(wall, wall.period_type().unit()) == "nanoseconds");
+  CHECK(wall.period() == 1000000);
+  REQUIRE(wall.sample_size() == 2);  // running (both on-CPU records: same stack and labels)
+                                     // and sleeping
   int64_t running = 0, sleeping = 0;
   for (int i = 0; i < wall.sample_size(); ++i) {
     (label(wall, i, "state") == "running" ? running : sleeping) += wall.sample(i).value(0);
   }
   CHECK(running == 4000000);
   CHECK(sleeping == 5000000);
+  // Every sample's leaf Location is at the record's address, whichever way the profile was made.
+  std::set<uint64_t> leaf_addresses;
+  for (int i = 0; i < wall.sample_size(); ++i) {
+    leaf_addresses.insert(wall.location(wall.sample(i).location_id(0) - 1).address());
+  }
+  CHECK(leaf_addresses == std::set<uint64_t>{0x55d4c8a3f010, 0x55d4c8a3f020});
   CHECK(set.stats().offcpu_ns == 5000000);
   CHECK(set.stats().samples_parallelism_unknown == 1);
 }

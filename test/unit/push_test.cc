@@ -131,7 +131,7 @@ TEST_CASE("trim: over 16000 samples folds the smallest into [other], keeping tot
   REQUIRE(other.size() == 1);
   // The folded ones were the smallest: cpu values 1..folded.
   CHECK(other[0]->value(0) == static_cast<int64_t>(folded));
-  CHECK(other[0]->value(1) == static_cast<int64_t>(folded) * (folded + 1) / 2);
+  CHECK(other[0]->value(1) == static_cast<int64_t>(folded * (folded + 1) / 2));
   for (const auto& s : p.sample()) {
     if (&s != other[0]) CHECK(s.value(1) > static_cast<int64_t>(folded));
   }

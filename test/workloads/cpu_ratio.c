@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "workload_util.h"
+
 #define UNIT 100000UL /* iterations of burn per unit: ~0.1 ms */
 
 static volatile unsigned long sink;
@@ -24,12 +26,6 @@ __attribute__((noinline)) void burn(unsigned long n) {
 
 __attribute__((noinline)) void spin_a(void) { burn(3 * UNIT); }
 __attribute__((noinline)) void spin_b(void) { burn(UNIT); }
-
-static long long now_ns(clockid_t c) {
-  struct timespec ts;
-  clock_gettime(c, &ts);
-  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 int main(int argc, char** argv) {
   double seconds = argc > 1 ? atof(argv[1]) : 4.0;

@@ -24,34 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-__attribute__((always_inline)) static inline long raw_syscall4(long n, long a, long b, long c,
-                                                               long d) {
-#if defined(__x86_64__)
-  long ret;
-  register long r10 __asm__("r10") = d;
-  __asm__ volatile("syscall"
-                   : "=a"(ret)
-                   : "0"(n), "D"(a), "S"(b), "d"(c), "r"(r10)
-                   : "rcx", "r11", "memory");
-  return ret;
-#elif defined(__aarch64__)
-  register long x8 __asm__("x8") = n;
-  register long x0 __asm__("x0") = a;
-  register long x1 __asm__("x1") = b;
-  register long x2 __asm__("x2") = c;
-  register long x3 __asm__("x3") = d;
-  __asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3) : "memory");
-  return x0;
-#else
-  return syscall(n, a, b, c, d);
-#endif
-}
-
-static long long now_ns(clockid_t c) {
-  struct timespec ts;
-  clock_gettime(c, &ts);
-  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
+#include "workload_util.h"
 
 static int req_pipe[2], resp_pipe[2];
 static double seconds;

@@ -19,11 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static long long now_ns(clockid_t c) {
-  struct timespec ts;
-  clock_gettime(c, &ts);
-  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
+#include "workload_util.h"
 
 // Run-queue wait of this thread so far (ns), from schedstat's second field.
 static long long runqueue_wait_ns(int tid) {

@@ -23,13 +23,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PHASE_NS 200000000LL
+#include "workload_util.h"
 
-static long long now_ns(clockid_t c) {
-  struct timespec ts;
-  clock_gettime(c, &ts);
-  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
+#define PHASE_NS 200000000LL
 
 static volatile unsigned long sink;
 

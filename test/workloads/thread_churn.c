@@ -13,14 +13,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "workload_util.h"
+
 #define BATCH 4
 #define PERIOD_NS 20000000LL
-
-static long long now_ns(clockid_t c) {
-  struct timespec ts;
-  clock_gettime(c, &ts);
-  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 static volatile unsigned long sink;
 
