@@ -188,7 +188,8 @@ static __always_inline __u32 ps_stack_sample(struct ps_thread_state *ts, __u64 n
   __u64 elapsed = now - ts->rate_start_ns;
   if (elapsed >= PS_RATE_PERIOD_NS) {
     /* w = floor(rate / R), rate = switch-outs per second over the period that just ended. */
-    __u64 w = (__u64)ts->rate_count * 1000000000ULL / (elapsed * ps_cfg_stack_rate);
+    /* Divided in two steps: elapsed * R would overflow after a sleep of ~200 days at R=1000. */
+    __u64 w = (__u64)ts->rate_count * 1000000000ULL / elapsed / ps_cfg_stack_rate;
     ts->sample_weight = w > PS_MAX_STACK_WEIGHT ? PS_MAX_STACK_WEIGHT : (__u32)w;
     ts->rate_start_ns = now;
     ts->rate_count = 0;

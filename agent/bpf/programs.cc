@@ -401,9 +401,12 @@ void BpfPrograms::ScanThreads(int64_t prev_ws, int64_t ws,
                   int32_t kerr, uint64_t ustack, int32_t uerr, uint32_t state) {
     from = std::max(from, prev);
     uint64_t to = cur;
-    // Marked off-CPU but running on a CPU since `since`: it came in by an unreported switch
-    // (bpf/abi.h), so it was off-CPU only until then.
-    if (auto it = on_cpu.find(tid); it != on_cpu.end()) to = std::min(to, it->second);
+    // Marked off-CPU at out_ns but seen running on a CPU since a later time: it came in by an
+    // unreported switch (bpf/abi.h), so it was off-CPU only until then. A CPU record older than
+    // out_ns is stale (the thread left that CPU unseen) and says nothing.
+    if (auto it = on_cpu.find(tid); it != on_cpu.end() && it->second >= ts.out_ns) {
+      to = std::min(to, it->second);
+    }
     if (to <= from) return;
     OffCpuRecord r;
     r.process = proc::ProcessKey{ts.tgid, ts.tgid_start_ns};
@@ -473,7 +476,11 @@ void BpfPrograms::ScanCpus(int64_t prev_ws, int64_t ws,
   if (bpf_map_lookup_elem(bpf_map__fd(oncpu_->maps.ps_cpu_state), &zero, cpus.data()) != 0) return;
   const uint64_t cur = static_cast<uint64_t>(ws), prev = static_cast<uint64_t>(prev_ws);
   for (const ps_cpu_state& c : cpus) {
-    if (c.known && c.counted && c.tid != 0) (*on_cpu)[c.tid] = c.in_ns;
+    if (c.known && c.counted && c.tid != 0) {
+      // A tid on two CPUs: one record is stale (it left unseen); the later switch-in is current.
+      uint64_t& since = (*on_cpu)[c.tid];
+      since = std::max<uint64_t>(since, c.in_ns);
+    }
     uint64_t from;
     proc::ProcessKey key;
     if (c.carry_ws_ns == cur) {

@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/match.h"
 
 namespace parascope {
@@ -88,8 +89,11 @@ void StackSymbolizer::AddUserFrames(PprofBuilder& builder, const proc::ProcessKe
       // One ELF cache lookup (a stat(2)) per file and window: processes mapping the same file
       // (device and inode from /proc/<pid>/maps) share it.
       const bool has_identity = m->inode != 0 && !m->deleted;
-      const auto file_key = std::make_tuple(
-          kFileKey, (uint64_t{m->dev_major} << 32) | m->dev_minor, m->inode, uint64_t{0});
+      // The path is part of the key: btrfs subvolumes (snapshots, container layers) share one
+      // device number in maps and number their inodes independently.
+      const auto file_key =
+          std::make_tuple(kFileKey, (uint64_t{m->dev_major} << 32) | m->dev_minor, m->inode,
+                          static_cast<uint64_t>(absl::HashOf(m->path)));
       const auto process_key =
           std::make_tuple(kProcessKey, uint64_t{process.tgid}, process.start_boot_ns, m->start);
       auto it = window_elfs_.end();

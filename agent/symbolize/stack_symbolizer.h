@@ -70,10 +70,10 @@ class StackSymbolizer {
   // Frame kinds for PprofBuilder's location memo: leaf frames are symbolized at ip, callers at
   // ip - 1, so the same address can map to different lines.
   static constexpr uint32_t kUserLeaf = 0, kUserCaller = 1, kKernelLeaf = 2, kKernelCaller = 3;
-  // ELF files looked up this window. Key: (kFileKey, device, inode, 0) for a file found through
-  // /proc/<pid>/maps' identity, shared by every process mapping it (one stat(2) per file and
-  // window, not per process); (kProcessKey, tgid, start ns, mapping start) for a mapping without
-  // one (deleted files) and for failures (nullptr: unreadable through that process).
+  // ELF files looked up this window. Key: (kFileKey, device, inode, path hash) for a file found
+  // through /proc/<pid>/maps' identity, shared by every process mapping it (one stat(2) per file
+  // and window, not per process); (kProcessKey, tgid, start ns, mapping start) for a mapping
+  // without one (deleted files) and for failures (nullptr: unreadable through that process).
   static constexpr uint8_t kFileKey = 0, kProcessKey = 1;
   absl::flat_hash_map<std::tuple<uint8_t, uint64_t, uint64_t, uint64_t>,
                       std::shared_ptr<const symbolize::ElfFile>>
