@@ -161,41 +161,37 @@ def wait_quiet():
             return waited
 
 
-def owned_prog_ids(pid):
-    """Ids of the BPF programs a process holds (prog and link fds; fdinfo has prog_id)."""
-    ids = set()
+def bpf_fdinfo_field(pid, kinds, field):
+    """Integer `field` from the fdinfo of each fd of a process whose link target contains one of
+    `kinds` (e.g. "bpf-prog", "bpf_link"); fds that vanish or lack the field are skipped."""
     fd_dir = f"/proc/{pid}/fd"
     try:
         fds = os.listdir(fd_dir)
     except OSError:
-        return ids
+        return []
+    values = []
     for fd in fds:
         try:
             target = os.readlink(f"{fd_dir}/{fd}")
-            if "bpf-prog" not in target and "bpf_link" not in target:
+            if not any(k in target for k in kinds):
                 continue
             with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-                m = re.search(r"^prog_id:\s*(\d+)", f.read(), re.M)
+                m = re.search(rf"^{field}:\s*(\d+)", f.read(), re.M)
             if m:
-                ids.add(int(m.group(1)))
+                values.append(int(m.group(1)))
         except OSError:
             pass
-    return ids
+    return values
+
+
+def owned_prog_ids(pid):
+    """Ids of the BPF programs a process holds (prog and link fds; fdinfo has prog_id)."""
+    return set(bpf_fdinfo_field(pid, ("bpf-prog", "bpf_link"), "prog_id"))
 
 
 def prog_run_cnt_total(pid):
     """Sum of run_cnt over the bpf-prog fds of a process (fdinfo); > 0 once a probe has fired."""
-    total = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            if "bpf-prog" not in os.readlink(f"/proc/{pid}/fd/{fd}"):
-                continue
-            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-                m = re.search(r"^run_cnt:\s*(\d+)", f.read(), re.M)
-            total += int(m.group(1)) if m else 0
-        except OSError:
-            pass
-    return total
+    return sum(bpf_fdinfo_field(pid, ("bpf-prog",), "run_cnt"))
 
 
 def perf_event_fds(pid):

@@ -124,23 +124,17 @@ static __always_inline __u64 ps_stack_hash(const struct ps_stack *st, __u64 seed
   return h ? h : 1;
 }
 
-/* Copies the current task's user (flags = BPF_F_USER_STACK) or kernel (flags = 0) stack via the
- * per-CPU `scratch` into `stacks`. Returns its hash, or 0 with *err = -errno (0 when the stack
- * is legitimately empty: a kernel thread's user stack, a sample taken in user mode). */
-static __always_inline __u64 ps_capture_stack(void *ctx, void *scratch, void *stacks, __u64 flags,
-                                              __s32 *err) {
-  __u32 zero = 0;
-  struct ps_stack *st = bpf_map_lookup_elem(scratch, &zero);
+/* Stores the `n`-byte stack (a bpf_get_stack/bpf_get_task_stack result) in `st` into `stacks`.
+ * Returns its hash, or 0 with *err = -errno (n itself when n <= 0: 0 means legitimately empty). */
+static __always_inline __u64 ps_store_stack(void *stacks, struct ps_stack *st, long n, __u64 seed,
+                                            __s32 *err) {
   *err = 0;
-  if (!st)
-    return 0;
-  long n = bpf_get_stack(ctx, st->ips, sizeof(st->ips), flags);
   if (n <= 0) {
     *err = (__s32)n;
     return 0;
   }
   st->len = (__u32)n / sizeof(__u64);
-  __u64 h = ps_stack_hash(st, flags);
+  __u64 h = ps_stack_hash(st, seed);
   /* Most stacks repeat: a lock-free lookup first skips the bucket lock of an update. */
   if (bpf_map_lookup_elem(stacks, &h))
     return h;
@@ -151,6 +145,20 @@ static __always_inline __u64 ps_capture_stack(void *ctx, void *scratch, void *st
     return 0;
   }
   return h;
+}
+
+/* Copies the current task's user (flags = BPF_F_USER_STACK) or kernel (flags = 0) stack via the
+ * per-CPU `scratch` into `stacks`. Returns its hash, or 0 with *err = -errno (0 when the stack
+ * is legitimately empty: a kernel thread's user stack, a sample taken in user mode). */
+static __always_inline __u64 ps_capture_stack(void *ctx, void *scratch, void *stacks, __u64 flags,
+                                              __s32 *err) {
+  __u32 zero = 0;
+  struct ps_stack *st = bpf_map_lookup_elem(scratch, &zero);
+  *err = 0;
+  if (!st)
+    return 0;
+  return ps_store_stack(stacks, st, bpf_get_stack(ctx, st->ips, sizeof(st->ips), flags), flags,
+                        err);
 }
 
 /* Keeps the compiler from reordering the stores around it (x86-64 and arm64 order the

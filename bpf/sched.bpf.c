@@ -129,20 +129,13 @@ static __always_inline void ps_switch_in(struct task_struct *task, __u32 tid, __
       __u32 zero = 0;
       struct ps_stack *st = bpf_map_lookup_elem(&ps_sched_scratch, &zero);
       if (st) {
-        long n = bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0);
-        if (n > 0) {
-          st->len = (__u32)n / sizeof(__u64);
-          __u64 h = ps_stack_hash(st, 0);
-          void *stacks = buf == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
-          if (!bpf_map_lookup_elem(stacks, &h)) {
-            long rc = bpf_map_update_elem(stacks, &h, st, BPF_NOEXIST);
-            if (rc && rc != -EEXIST)
-              h = 0;
-          }
-          if (h) {
-            ts->kernel_stack = h;
-            ts->kernel_stack_err = 0;
-          }
+        void *stacks = buf == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
+        __s32 err;
+        __u64 h = ps_store_stack(stacks, st, bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0),
+                                 0, &err);
+        if (h) {
+          ts->kernel_stack = h;
+          ts->kernel_stack_err = 0;
         }
       }
     }
@@ -388,19 +381,9 @@ int ps_seed_threads(struct bpf_iter__task *ctx) {
   BPF_CORE_READ_STR_INTO(&ts.comm, task, comm);
   ts.user_stack_err = PS_ERR_ASLEEP_AT_ATTACH;
   ts.stack_weight = 1;
-  long n = bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0);
-  if (n > 0) {
-    st->len = (__u32)n / sizeof(__u64);
-    __u64 h = ps_stack_hash(st, 0);
-    void *stacks = ctl->active_buffer == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
-    long rc = bpf_map_update_elem(stacks, &h, st, BPF_NOEXIST);
-    if (rc == 0 || rc == -EEXIST)
-      ts.kernel_stack = h;
-    else
-      ts.kernel_stack_err = (__s32)rc;
-  } else {
-    ts.kernel_stack_err = (__s32)n;
-  }
+  void *stacks = ctl->active_buffer == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
+  ts.kernel_stack = ps_store_stack(stacks, st, bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0),
+                                   0, &ts.kernel_stack_err);
   ts.out_ns = ctl->window_start_ns;
   if (bpf_map_update_elem(&ps_threads, &tid, &ts, BPF_NOEXIST) == -ENOMEM)
     ps_count(PS_CTR_THREAD_MAP_FULL);

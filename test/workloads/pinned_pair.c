@@ -21,18 +21,6 @@
 
 #include "workload_util.h"
 
-// Run-queue wait of this thread so far (ns), from schedstat's second field.
-static long long runqueue_wait_ns(int tid) {
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/self/task/%d/schedstat", tid);
-  FILE* f = fopen(path, "r");
-  if (!f) return -1;
-  long long run, wait;
-  int ok = fscanf(f, "%lld %lld", &run, &wait) == 2;
-  fclose(f);
-  return ok ? wait : -1;
-}
-
 static volatile unsigned long sink;
 
 __attribute__((noinline)) void burn(void) {

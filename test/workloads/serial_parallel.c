@@ -54,17 +54,6 @@ static int a_tid, b_tid;
 static long long signal_ns;  // guarded by mu: when A let B start the current parallel phase
 static long long b_start_delay, a_runq_wait, b_runq_wait;
 
-// Run-queue wait of a thread of this process so far (ns), from schedstat's second field.
-static long long runqueue_wait_ns(int tid) {
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/self/task/%d/schedstat", tid);
-  FILE* f = fopen(path, "r");
-  if (!f) return -1;
-  long long run, wait;
-  int ok = fscanf(f, "%lld %lld", &run, &wait) == 2;
-  fclose(f);
-  return ok ? wait : -1;
-}
 static long long serial_cpu, parallel_cpu_a, parallel_cpu_b, serial_wall, parallel_wall;
 
 static void* thread_a(void* arg) {

@@ -2,6 +2,7 @@
 #ifndef PARASCOPE_TEST_WORKLOADS_WORKLOAD_UTIL_H_
 #define PARASCOPE_TEST_WORKLOADS_WORKLOAD_UTIL_H_
 
+#include <stdio.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -37,6 +38,19 @@ static inline long long now_ns(clockid_t c) {
   struct timespec ts;
   clock_gettime(c, &ts);
   return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+// Run-queue wait (ns) of thread `tid` of this process so far, from the second field of
+// /proc/self/task/<tid>/schedstat (Documentation/scheduler/sched-stats.rst); -1 if unreadable.
+static inline long long runqueue_wait_ns(int tid) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/self/task/%d/schedstat", tid);
+  FILE* f = fopen(path, "r");
+  if (!f) return -1;
+  long long run, wait;
+  int ok = fscanf(f, "%lld %lld", &run, &wait) == 2;
+  fclose(f);
+  return ok ? wait : -1;
 }
 
 #endif  // PARASCOPE_TEST_WORKLOADS_WORKLOAD_UTIL_H_
