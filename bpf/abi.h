@@ -32,11 +32,12 @@
  * other, so samples taken during a drain land in the next window instead of being lost. */
 #define PS_NUM_BUFFERS 2
 
-/* A stack as copied by bpf_get_stack(): `len` frames, leaf first; entries past `len` are
- * garbage. Stored once per buffer in ps_stacks<N>, keyed by ps_stack_hash() of its frames. */
+/* A stack: `len` frames, leaf first; entries past `len` are garbage. Kernel stacks come from
+ * bpf_get_stack(); user stacks from the unwinder (bpf/unwind.bpf.h), whose outcome is in `flags`
+ * (PS_UNWIND_*). Stored once per buffer in ps_stacks<N>, keyed by ps_stack_hash() of its frames. */
 struct ps_stack {
-  __u32 len; /* number of valid frames in ips */
-  __u32 pad;
+  __u32 len;   /* number of valid frames in ips */
+  __u32 flags; /* user stacks: PS_UNWIND_* outcome (0 for kernel stacks) */
   __u64 ips[PS_MAX_STACK_DEPTH];
 };
 PS_STATIC_ASSERT(sizeof(struct ps_stack) == 1024, "ps_stack layout");
@@ -219,7 +220,15 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_CTR_SAMPLE_REPAIRS 14        /* samples that found a task switched in unseen */
 #define PS_CTR_OFFCPU_NOT_CAPTURED 15   /* switch-outs whose stacks were not captured (sampling) */
 #define PS_CTR_OFFCPU_WEIGHTED 16       /* short intervals counted w times for the uncaptured */
-#define PS_CTR_NUM 17
+#define PS_CTR_UNWIND_COMPLETE 17      /* user stacks unwound to their outermost frame */
+#define PS_CTR_UNWIND_TRUNCATED 18     /* user stacks cut at PS_MAX_STACK_DEPTH frames */
+#define PS_CTR_UNWIND_NO_TABLE_YET 19  /* stopped: process or file table not loaded yet (FP used) */
+#define PS_CTR_UNWIND_NO_TABLE_PC 20   /* stopped: no table covers a pc and frame pointers failed */
+#define PS_CTR_UNWIND_READ_FAULT 21    /* stopped: reading the user stack faulted */
+#define PS_CTR_UNWIND_BAD_FRAME 22     /* stopped: the unwound frame is impossible (sp went down) */
+#define PS_CTR_UNWIND_FP_FRAMES 23     /* frames found by the frame-pointer fallback */
+#define PS_CTR_UNWIND_EVENTS_LOST 24   /* table requests the ring buffer could not take */
+#define PS_CTR_NUM 25
 
 /* Default capacities; the daemon sizes ps_stacks<N> and ps_oncpu<N> before load from the CPU count,
  * frequency and window (agent/bpf/oncpu_program.cc). Entries are preallocated (perf_event programs
@@ -231,5 +240,121 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_RUNNING_ENTRIES 32768     /* processes with a parallelism count */
 #define PS_OFFCPU_MAP_ENTRIES 16384
 #define PS_RUNTIME_MAP_ENTRIES 8192
+
+/* ---- User-stack unwinding from .eh_frame / .debug_frame (bpf/unwind.bpf.h, agent/unwind/) ----
+ *
+ * The daemon turns each ELF file's call frame information (DWARF CFI: .eh_frame, .debug_frame;
+ * DWARF 5 section 6.4, LSB "Exception Frames") into a sorted table of rows, one per address
+ * range with the same rules for the three registers an unwinder needs: the canonical frame
+ * address (CFA), the frame pointer and the return address. Tables live in one array,
+ * ps_unwind_rows, as runs [first, first + count) shared by every process that maps the file;
+ * each process has a run of ps_unwind_mapping entries in ps_unwind_maps, found through
+ * ps_unwind_procs. The BPF walker binary-searches the mapping of a pc, then the last row whose
+ * pc is <= it, computes CFA, reads the return address and the saved frame pointer from the user
+ * stack, and repeats. Registers are abstract (SP, FP, PC): x86-64 is rsp/rbp/rip (DWARF 7/6/16),
+ * arm64 would be sp/x29/pc with its return address in x30 (PS_RA_LR, not built). */
+
+/* Outcome of a user-stack walk (ps_stack.flags). */
+#define PS_UNWIND_COMPLETE 0        /* reached the outermost frame (RA undefined, or pc/FP 0) */
+#define PS_UNWIND_TRUNCATED 1       /* PS_MAX_STACK_DEPTH frames and more remained */
+#define PS_UNWIND_NO_TABLE_YET 2    /* the process or a file had no table loaded yet */
+#define PS_UNWIND_NO_TABLE_PC 3     /* no table for a pc (JIT, no CFI) and no frame pointer */
+#define PS_UNWIND_READ_FAULT 4      /* a read of the user stack failed (unmapped, paged out) */
+#define PS_UNWIND_BAD_FRAME 5       /* an impossible frame (CFA not above SP, pc in kernel) */
+
+/* Rule for the CFA (ps_unwind_row.cfa_rule). */
+#define PS_CFA_NONE 0     /* no CFI for this pc: the walker falls back to frame pointers */
+#define PS_CFA_SP 1       /* CFA = SP + cfa_offset */
+#define PS_CFA_FP 2       /* CFA = FP + cfa_offset */
+#define PS_CFA_DEREF_SP 3 /* CFA = *(SP + cfa_offset) (DW_OP_breg<sp> N; DW_OP_deref) */
+#define PS_CFA_DEREF_FP 4 /* CFA = *(FP + cfa_offset) (stack realignment: DW_OP_breg<fp>) */
+#define PS_CFA_PLT 5      /* x86-64 PLT: CFA = SP + cfa_offset + ((pc & 15) >= k ? 8 : 0), with
+                             k = flags >> PS_ROW_PLT_SHIFT (11 for the lazy PLT, binutils) */
+#define PS_CFA_END 6      /* outermost frame: the return address is undefined (_start, clone) */
+
+/* Rule for the caller's FP (ps_unwind_row.fp_rule). */
+#define PS_FP_SAME 0      /* unchanged */
+#define PS_FP_AT_CFA 1    /* saved at CFA + fp_offset */
+#define PS_FP_AT_SP 2     /* saved at SP + fp_offset (DW_CFA_expression DW_OP_breg<sp> N) */
+#define PS_FP_UNDEFINED 3 /* lost: the caller's FP is unknown (0) */
+
+/* Rule for the return address (ps_unwind_row.ra_rule). */
+#define PS_RA_AT_CFA 0    /* saved at CFA + ra_offset (x86-64: always CFA - 8) */
+#define PS_RA_AT_SP 1     /* saved at SP + ra_offset (signal frames: the saved pc) */
+#define PS_RA_LR 2        /* in the link register (arm64 leaf; not used on x86-64) */
+
+/* ps_unwind_row.flags */
+#define PS_ROW_SIGNAL 1   /* signal trampoline (CIE augmentation 'S'): the caller's pc is exact,
+                             not a return address, so it is looked up without the -1 */
+#define PS_ROW_PLT_SHIFT 4 /* bits 4-7: the PS_CFA_PLT threshold */
+
+/* One row: the rules for pcs from `pc` (ELF virtual address in the file, 32 bits: text below
+ * 4 GiB) up to the next row's pc. The caller's SP is the CFA under every rule. 16 bytes: array
+ * map values are rounded up to 8 bytes (kernel/bpf/arraymap.c elem_size). */
+struct ps_unwind_row {
+  __u32 pc;
+  __u8 cfa_rule;   /* PS_CFA_* */
+  __u8 fp_rule;    /* PS_FP_* */
+  __u8 ra_rule;    /* PS_RA_* */
+  __u8 flags;      /* PS_ROW_* */
+  __s32 cfa_offset;
+  __s16 fp_offset;
+  __s16 ra_offset;
+};
+PS_STATIC_ASSERT(sizeof(struct ps_unwind_row) == 16, "ps_unwind_row layout");
+
+/* Table state of a mapping (ps_unwind_mapping.state). */
+#define PS_TABLE_READY 0    /* rows [first, first + count) of ps_unwind_rows */
+#define PS_TABLE_PENDING 1  /* being built: frame pointers meanwhile, counted */
+#define PS_TABLE_NONE 2     /* no CFI (JIT, anonymous, unreadable): frame pointers */
+
+/* One executable mapping of a process: pc in [start, end) has ELF address pc - bias. */
+struct ps_unwind_mapping {
+  __u64 start;
+  __u64 end;
+  __u64 bias;
+  __u32 first;  /* first row in ps_unwind_rows */
+  __u32 count;  /* rows */
+  __u32 state;  /* PS_TABLE_* */
+  __u32 pad;
+};
+PS_STATIC_ASSERT(sizeof(struct ps_unwind_mapping) == 40, "ps_unwind_mapping layout");
+
+/* ps_unwind_procs value: the process's mappings are ps_unwind_maps[first, first + count), sorted
+ * by start and non-overlapping. */
+struct ps_unwind_proc {
+  __u64 tgid_start_ticks; /* identity: the group leader's start_boottime / PS_NS_PER_TICK, as
+                             /proc/<tgid>/stat field 22 shows it (fs/proc/array.c) */
+  __u32 first;
+  __u32 count;
+};
+PS_STATIC_ASSERT(sizeof(struct ps_unwind_proc) == 16, "ps_unwind_proc layout");
+
+/* USER_HZ clock ticks of /proc/<pid>/stat start times: nsec_to_clock_t (kernel/time/time.c). */
+#define PS_NS_PER_TICK 10000000ULL
+
+/* Ring-buffer event (ps_unwind_events): the walker met a process without an entry, or a pc in
+ * no known mapping (a library loaded since), so the daemon should (re)load its tables. */
+#define PS_UNWIND_EVENT_NEW_PROCESS 1
+#define PS_UNWIND_EVENT_UNKNOWN_PC 2
+struct ps_unwind_event {
+  __u32 tgid;
+  __u32 kind; /* PS_UNWIND_EVENT_* */
+  __u64 tgid_start_ns;
+};
+PS_STATIC_ASSERT(sizeof(struct ps_unwind_event) == 16, "ps_unwind_event layout");
+
+/* Bounds of the walker's searches; every loop in bpf/unwind.bpf.h is bounded by one of these. */
+#define PS_UNWIND_MAX_MAPPINGS 256     /* executable mappings per process */
+#define PS_UNWIND_MAP_SEARCH_STEPS 9   /* ceil(log2(PS_UNWIND_MAX_MAPPINGS)) + 1 */
+#define PS_UNWIND_MAX_TABLE_ROWS (1u << 22) /* rows per file table (4M) */
+#define PS_UNWIND_ROW_SEARCH_STEPS 23  /* log2(PS_UNWIND_MAX_TABLE_ROWS) + 1 */
+PS_STATIC_ASSERT((1u << (PS_UNWIND_MAP_SEARCH_STEPS - 1)) >= PS_UNWIND_MAX_MAPPINGS,
+                 "mapping search covers every mapping");
+PS_STATIC_ASSERT((1u << (PS_UNWIND_ROW_SEARCH_STEPS - 1)) >= PS_UNWIND_MAX_TABLE_ROWS,
+                 "row search covers every row");
+#define PS_UNWIND_PROC_ENTRIES 8192    /* processes with tables (ps_unwind_procs) */
+#define PS_UNWIND_MAP_ENTRIES 65536    /* mapping slots shared by all processes (2.5 MiB) */
+#define PS_UNWIND_ROW_ENTRIES 2097152  /* default rows: 32 MiB (--unwind-table-bytes / 16) */
 
 #endif /* PARASCOPE_BPF_ABI_H_ */

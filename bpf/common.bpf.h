@@ -134,7 +134,7 @@ static __always_inline __u64 ps_store_stack(void *stacks, struct ps_stack *st, l
     return 0;
   }
   st->len = (__u32)n / sizeof(__u64);
-  __u64 h = ps_stack_hash(st, seed);
+  __u64 h = ps_stack_hash(st, seed ^ ((__u64)st->flags << 40));
   /* Most stacks repeat: a lock-free lookup first skips the bucket lock of an update. */
   if (bpf_map_lookup_elem(stacks, &h))
     return h;
@@ -147,18 +147,18 @@ static __always_inline __u64 ps_store_stack(void *stacks, struct ps_stack *st, l
   return h;
 }
 
-/* Copies the current task's user (flags = BPF_F_USER_STACK) or kernel (flags = 0) stack via the
- * per-CPU `scratch` into `stacks`. Returns its hash, or 0 with *err = -errno (0 when the stack
- * is legitimately empty: a kernel thread's user stack, a sample taken in user mode). */
-static __always_inline __u64 ps_capture_stack(void *ctx, void *scratch, void *stacks, __u64 flags,
-                                              __s32 *err) {
+/* Copies the current task's kernel stack via the per-CPU `scratch` into `stacks`. Returns its
+ * hash, or 0 with *err = -errno (0 when the stack is legitimately empty: a sample taken in user
+ * mode). User stacks are unwound instead (unwind.bpf.h ps_capture_user_stack). */
+static __always_inline __u64 ps_capture_kernel_stack(void *ctx, void *scratch, void *stacks,
+                                                     __s32 *err) {
   __u32 zero = 0;
   struct ps_stack *st = bpf_map_lookup_elem(scratch, &zero);
   *err = 0;
   if (!st)
     return 0;
-  return ps_store_stack(stacks, st, bpf_get_stack(ctx, st->ips, sizeof(st->ips), flags), flags,
-                        err);
+  st->flags = 0;
+  return ps_store_stack(stacks, st, bpf_get_stack(ctx, st->ips, sizeof(st->ips), 0), 0, err);
 }
 
 /* Keeps the compiler from reordering the stores around it (x86-64 and arm64 order the

@@ -13,6 +13,7 @@
 
 #include "abi.h"
 #include "common.bpf.h"
+#include "unwind.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -43,13 +44,14 @@ struct {
 } ps_oncpu_scratch SEC(".maps");
 
 /* Records one sample into one buffer's maps. */
-static __always_inline void ps_record(void *ctx, void *stacks, void *oncpu,
+static __always_inline void ps_record(struct bpf_perf_event_data *ctx, void *stacks, void *oncpu,
                                       struct ps_oncpu_key *key, __u64 period) {
-  key->kernel_stack = ps_capture_stack(ctx, &ps_oncpu_scratch, stacks, 0, &key->kernel_stack_err);
+  key->kernel_stack =
+      ps_capture_kernel_stack(ctx, &ps_oncpu_scratch, stacks, &key->kernel_stack_err);
   if (key->kernel_stack_err && key->kernel_stack_err != -ENOMEM)
     ps_count(PS_CTR_KERNEL_STACK_FAULT);
-  key->user_stack =
-      ps_capture_stack(ctx, &ps_oncpu_scratch, stacks, BPF_F_USER_STACK, &key->user_stack_err);
+  key->user_stack = ps_capture_user_stack((struct pt_regs *)&ctx->regs, stacks, key->tgid,
+                                          key->tgid_start_ns, &key->user_stack_err);
   if (key->user_stack_err && key->user_stack_err != -ENOMEM)
     ps_count(PS_CTR_USER_STACK_FAULT);
 

@@ -20,6 +20,7 @@
 
 #include "abi.h"
 #include "common.bpf.h"
+#include "unwind.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -129,6 +130,7 @@ static __always_inline void ps_switch_in(struct task_struct *task, __u32 tid, __
       __u32 zero = 0;
       struct ps_stack *st = bpf_map_lookup_elem(&ps_sched_scratch, &zero);
       if (st) {
+        st->flags = 0;
         void *stacks = buf == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
         __s32 err;
         __u64 h = ps_store_stack(stacks, st, bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0),
@@ -234,10 +236,9 @@ static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, _
   ts->stack_weight = ps_stack_sample(ts, now);
   if (ts->stack_weight) {
     void *stacks = buf == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
-    ts->kernel_stack =
-        ps_capture_stack(ctx, &ps_sched_scratch, stacks, 0, &ts->kernel_stack_err);
-    ts->user_stack =
-        ps_capture_stack(ctx, &ps_sched_scratch, stacks, BPF_F_USER_STACK, &ts->user_stack_err);
+    __u64 tgid_start_ns = BPF_CORE_READ(prev, group_leader, start_boottime);
+    ts->kernel_stack = ps_capture_kernel_stack(ctx, &ps_sched_scratch, stacks, &ts->kernel_stack_err);
+    ts->user_stack = ps_capture_user_stack(0, stacks, tgid, tgid_start_ns, &ts->user_stack_err);
   } else {
     ts->kernel_stack = 0;
     ts->user_stack = 0;
@@ -381,6 +382,7 @@ int ps_seed_threads(struct bpf_iter__task *ctx) {
   BPF_CORE_READ_STR_INTO(&ts.comm, task, comm);
   ts.user_stack_err = PS_ERR_ASLEEP_AT_ATTACH;
   ts.stack_weight = 1;
+  st->flags = 0;
   void *stacks = ctl->active_buffer == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
   ts.kernel_stack = ps_store_stack(stacks, st, bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0),
                                    0, &ts.kernel_stack_err);

@@ -142,6 +142,12 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
       return LibbpfError(rc, "sizing aggregation maps");
     }
   }
+  const uint64_t rows = std::clamp<uint64_t>(options.unwind_table_bytes / sizeof(ps_unwind_row),
+                                             1024, uint64_t{1} << 30);
+  if (int rc = bpf_map__set_max_entries(skel->maps.ps_unwind_rows, static_cast<uint32_t>(rows));
+      rc) {
+    return LibbpfError(rc, "sizing the unwind table map");
+  }
   skel->rodata->ps_cfg_filter_tgid = options.tgids.empty() ? 0 : 1;
   skel->rodata->ps_cfg_parallelism = options.sched ? 1 : 0;
   if (int rc = oncpu_bpf::load(skel); rc) return LibbpfError(rc, "loading oncpu.bpf.o");
@@ -159,6 +165,7 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
     }
   }
   if (options.sched) PS_RETURN_IF_ERROR(self->LoadSched(options));
+  PS_RETURN_IF_ERROR(self->StartUnwinder(options));
 
   // The first window starts now; CPUs are unknown until a switch or a sample shows their task.
   self->window_start_ns_ = MonotonicNowNs();
@@ -207,7 +214,13 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
                    Shared{sched_->maps.ps_stacks0, oncpu_->maps.ps_stacks0},
                    Shared{sched_->maps.ps_stacks1, oncpu_->maps.ps_stacks1},
                    Shared{sched_->maps.ps_running, oncpu_->maps.ps_running},
-                   Shared{sched_->maps.ps_cpu_state, oncpu_->maps.ps_cpu_state}}) {
+                   Shared{sched_->maps.ps_cpu_state, oncpu_->maps.ps_cpu_state},
+                   Shared{sched_->maps.ps_unwind_procs, oncpu_->maps.ps_unwind_procs},
+                   Shared{sched_->maps.ps_unwind_maps, oncpu_->maps.ps_unwind_maps},
+                   Shared{sched_->maps.ps_unwind_rows, oncpu_->maps.ps_unwind_rows},
+                   Shared{sched_->maps.ps_unwind_events, oncpu_->maps.ps_unwind_events},
+                   Shared{sched_->maps.ps_unwind_notify_state,
+                          oncpu_->maps.ps_unwind_notify_state}}) {
     if (int rc = bpf_map__reuse_fd(s.mine, bpf_map__fd(s.theirs)); rc) {
       return LibbpfError(rc, absl::StrCat("sharing map ", bpf_map__name(s.mine)));
     }
@@ -226,6 +239,103 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   bpf_program__set_autoload(sched_->progs.ps_seed_threads, options.offcpu);
   if (int rc = sched_bpf::load(sched_); rc) return LibbpfError(rc, "loading sched.bpf.o");
   return absl::OkStatus();
+}
+
+namespace {
+
+// The unwind maps of bpf/unwind.bpf.h: the two arrays are mmap'ed (BPF_F_MMAPABLE, Linux 5.5;
+// element i at i * round_up(value_size, 8), kernel/bpf/arraymap.c) and written in place; the
+// process hash is updated by syscall, which orders the array stores before it.
+class BpfUnwindMaps : public unwind::UnwindMaps {
+ public:
+  BpfUnwindMaps(int procs_fd, void* rows, uint32_t rows_cap, void* maps, uint32_t maps_cap)
+      : procs_fd_(procs_fd),
+        rows_(static_cast<ps_unwind_row*>(rows)),
+        rows_cap_(rows_cap),
+        maps_(static_cast<ps_unwind_mapping*>(maps)),
+        maps_cap_(maps_cap) {}
+  uint32_t row_capacity() const override { return rows_cap_; }
+  uint32_t mapping_capacity() const override { return maps_cap_; }
+  void WriteRows(uint32_t first, absl::Span<const ps_unwind_row> rows) override {
+    std::memcpy(rows_ + first, rows.data(), rows.size() * sizeof(ps_unwind_row));
+  }
+  void WriteMappings(uint32_t first, absl::Span<const ps_unwind_mapping> maps) override {
+    std::memcpy(maps_ + first, maps.data(), maps.size() * sizeof(ps_unwind_mapping));
+  }
+  absl::Status SetProcess(uint32_t tgid, const ps_unwind_proc& proc) override {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (bpf_map_update_elem(procs_fd_, &tgid, &proc, BPF_ANY) != 0) {
+      return ErrnoStatus(errno, "updating ps_unwind_procs");
+    }
+    return absl::OkStatus();
+  }
+  void DeleteProcess(uint32_t tgid) override { bpf_map_delete_elem(procs_fd_, &tgid); }
+
+ private:
+  int procs_fd_;
+  ps_unwind_row* rows_;
+  uint32_t rows_cap_;
+  ps_unwind_mapping* maps_;
+  uint32_t maps_cap_;
+};
+
+static_assert(sizeof(ps_unwind_row) % 8 == 0 && sizeof(ps_unwind_mapping) % 8 == 0,
+              "array elements are value_size rounded up to 8: no padding between them");
+
+int OnUnwindEvent(void* ctx, void* data, size_t size) {
+  if (size >= sizeof(ps_unwind_event)) {
+    ps_unwind_event e;
+    std::memcpy(&e, data, sizeof(e));
+    (*static_cast<const std::function<void(const ps_unwind_event&)>**>(ctx))[0](e);
+  }
+  return 0;
+}
+
+}  // namespace
+
+absl::Status BpfPrograms::StartUnwinder(const Options& options) {
+  auto map_array = [](bpf_map* m, void** mem, size_t* len) -> absl::Status {
+    const size_t page = sysconf(_SC_PAGESIZE);
+    *len = (static_cast<size_t>(bpf_map__max_entries(m)) * bpf_map__value_size(m) + page - 1) /
+           page * page;
+    void* p = mmap(nullptr, *len, PROT_READ | PROT_WRITE, MAP_SHARED, bpf_map__fd(m), 0);
+    if (p == MAP_FAILED) return ErrnoStatus(errno, absl::StrCat("mmap ", bpf_map__name(m)));
+    *mem = p;
+    return absl::OkStatus();
+  };
+  PS_RETURN_IF_ERROR(map_array(oncpu_->maps.ps_unwind_rows, &unwind_rows_mem_, &unwind_rows_len_));
+  PS_RETURN_IF_ERROR(map_array(oncpu_->maps.ps_unwind_maps, &unwind_maps_mem_, &unwind_maps_len_));
+  // The ring buffer's callback reaches the current handler through this slot.
+  auto* slot = new const std::function<void(const ps_unwind_event&)>*(nullptr);
+  unwind_events_slot_.reset(slot);
+  unwind_events_ = ring_buffer__new(bpf_map__fd(oncpu_->maps.ps_unwind_events), OnUnwindEvent,
+                                    slot, nullptr);
+  if (unwind_events_ == nullptr) return LibbpfError(-errno, "opening the unwind ring buffer");
+  ring_buffer* rb = unwind_events_;
+  auto maps = std::make_unique<BpfUnwindMaps>(
+      bpf_map__fd(oncpu_->maps.ps_unwind_procs), unwind_rows_mem_,
+      bpf_map__max_entries(oncpu_->maps.ps_unwind_rows), unwind_maps_mem_,
+      bpf_map__max_entries(oncpu_->maps.ps_unwind_maps));
+  unwinder_ = std::make_unique<unwind::UnwindService>(
+      std::move(maps),
+      [rb, slot](int timeout_ms, const std::function<void(const ps_unwind_event&)>& handler) {
+        *slot = &handler;
+        int rc = ring_buffer__poll(rb, timeout_ms);
+        *slot = nullptr;
+        return rc;
+      });
+  const int64_t t0 = MonotonicNowNs();
+  unwinder_->Start(options.tgids);
+  unwind::UnwindTableStats st = unwinder_->stats();
+  Log(LogLevel::kInfo,
+      "unwind tables: %d processes, %d files, %d KiB of %d KiB, built in %.0f ms (%.0f ms in all)",
+      st.processes, st.tables, st.table_bytes / 1024, st.table_budget_bytes / 1024,
+      st.build_ns / 1e6, (MonotonicNowNs() - t0) / 1e6);
+  return absl::OkStatus();
+}
+
+unwind::UnwindTableStats BpfPrograms::unwind_stats() const {
+  return unwinder_ != nullptr ? unwinder_->stats() : unwind::UnwindTableStats{};
 }
 
 void BpfPrograms::SeedSleepingThreads() {
@@ -254,6 +364,11 @@ void BpfPrograms::Detach() {
 
 BpfPrograms::~BpfPrograms() {
   Detach();
+  if (unwinder_ != nullptr) unwinder_->Stop();
+  unwinder_.reset();
+  if (unwind_events_ != nullptr) ring_buffer__free(unwind_events_);
+  if (unwind_rows_mem_ != nullptr) munmap(unwind_rows_mem_, unwind_rows_len_);
+  if (unwind_maps_mem_ != nullptr) munmap(unwind_maps_mem_, unwind_maps_len_);
   if (control_ != nullptr) munmap(control_, sysconf(_SC_PAGESIZE));
   if (sched_ != nullptr) sched_bpf::destroy(sched_);
   if (oncpu_ != nullptr) oncpu_bpf::destroy(oncpu_);
@@ -331,7 +446,8 @@ absl::StatusOr<WindowData> BpfPrograms::Drain(bool final) {
 
 void BpfPrograms::ResolveStacks(uint64_t kernel_stack, int32_t kernel_err, uint64_t user_stack,
                                 int32_t user_err, StackPair* pair) {
-  auto one = [&](uint64_t hash, int32_t err, std::vector<uint64_t>* ips, int32_t* err_out) {
+  auto one = [&](uint64_t hash, int32_t err, std::vector<uint64_t>* ips, int32_t* err_out,
+                 uint32_t* flags) {
     *err_out = err;
     if (hash == 0) return;
     auto it = stack_cache_.find(hash);
@@ -342,9 +458,11 @@ void BpfPrograms::ResolveStacks(uint64_t kernel_stack, int32_t kernel_err, uint6
     }
     it->second.last_used_window = window_index_;
     *ips = it->second.ips;
+    *flags = it->second.flags;
   };
-  one(kernel_stack, kernel_err, &pair->kernel_ips, &pair->kernel_stack_err);
-  one(user_stack, user_err, &pair->user_ips, &pair->user_stack_err);
+  uint32_t kernel_flags = 0;
+  one(kernel_stack, kernel_err, &pair->kernel_ips, &pair->kernel_stack_err, &kernel_flags);
+  one(user_stack, user_err, &pair->user_ips, &pair->user_stack_err, &pair->user_unwind);
 }
 
 void BpfPrograms::DrainBuffer(uint32_t index, WindowData* out) {
@@ -353,6 +471,7 @@ void BpfPrograms::DrainBuffer(uint32_t index, WindowData* out) {
   DrainMap<uint64_t, ps_stack>(stacks_fd, [&](uint64_t h, const ps_stack& st) {
     CachedStack& c = stack_cache_[h];
     c.ips.assign(st.ips, st.ips + std::min<uint32_t>(st.len, PS_MAX_STACK_DEPTH));
+    c.flags = st.flags;
     c.last_used_window = window_index_;
   });
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,11 +14,13 @@
 #include "absl/time/time.h"
 #include "agent/bpf/perf_event.h"
 #include "agent/collect/records.h"
+#include "agent/unwind/unwind_tables.h"
 #include "bpf/abi.h"
 
 struct oncpu_bpf;
 struct sched_bpf;
 struct bpf_link;
+struct ring_buffer;
 
 namespace parascope {
 
@@ -58,6 +61,9 @@ class BpfPrograms : public WindowSource {
     // Off-CPU stack captures per second per thread before stacks are sampled (bpf/abi.h,
     // PS_RATE_PERIOD_NS); 0 captures every switch-out.
     uint32_t offcpu_stack_rate = 0;
+    // Bytes of BPF array memory for unwind table rows (bpf/abi.h struct ps_unwind_row, 16
+    // bytes each); allocated at load, charged to the agent's memory cgroup.
+    uint64_t unwind_table_bytes = uint64_t{PS_UNWIND_ROW_ENTRIES} * sizeof(ps_unwind_row);
   };
 
   // Opens both skeletons, sizes their maps, loads them (CO-RE; tp_btf, else raw_tp, chosen
@@ -69,6 +75,8 @@ class BpfPrograms : public WindowSource {
   absl::StatusOr<WindowData> Drain(bool final) override;
   BpfCounters Counters() const override;
   const BpfMapStats& map_stats() const { return map_stats_; }
+  // Unwind tables (agent/unwind/): thread-safe.
+  unwind::UnwindTableStats unwind_stats() const;
 
   // Cumulative run time and invocations of each loaded program (bpf_prog_info run_time_ns and
   // run_cnt; both stay 0 unless sysctl kernel.bpf_stats_enabled=1). Thread-safe (syscalls only).
@@ -111,6 +119,17 @@ class BpfPrograms : public WindowSource {
   void ResolveStacks(uint64_t kernel_stack, int32_t kernel_err, uint64_t user_stack,
                      int32_t user_err, StackPair* pair);
 
+  // Maps the unwind arrays, loads the unwind tables of the processes to profile and starts the
+  // table service (before the sampler is attached, so their first samples unwind).
+  absl::Status StartUnwinder(const Options& options);
+
+  std::unique_ptr<unwind::UnwindService> unwinder_;
+  struct ring_buffer* unwind_events_ = nullptr;
+  std::unique_ptr<const std::function<void(const ps_unwind_event&)>*> unwind_events_slot_;
+  void* unwind_rows_mem_ = nullptr;
+  size_t unwind_rows_len_ = 0;
+  void* unwind_maps_mem_ = nullptr;
+  size_t unwind_maps_len_ = 0;
   oncpu_bpf* oncpu_ = nullptr;
   sched_bpf* sched_ = nullptr;
   std::string sched_kind_;
@@ -126,6 +145,7 @@ class BpfPrograms : public WindowSource {
   // kMaxCachedStacks.
   struct CachedStack {
     std::vector<uint64_t> ips;
+    uint32_t flags = 0;  // ps_stack.flags (user stacks: PS_UNWIND_*)
     uint64_t last_used_window = 0;
   };
   absl::flat_hash_map<uint64_t, CachedStack> stack_cache_;

@@ -21,6 +21,7 @@ struct StackPair {
   std::vector<uint64_t> user_ips;    // empty for kernel threads
   int32_t kernel_stack_err = 0;      // 0, or -errno when the kernel stack was lost
   int32_t user_stack_err = 0;        // 0, or -errno when the user stack was lost
+  uint32_t user_unwind = 0;          // how the user-stack walk ended: PS_UNWIND_* (bpf/abi.h)
 };
 
 // One drained on-CPU aggregate entry (ps_oncpu_key/value).

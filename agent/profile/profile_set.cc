@@ -102,10 +102,30 @@ PprofBuilder* ProfileSet::Builder(PerProcess& pp, ProfileType t) {
 }
 
 namespace {
+// A user stack the walker cut at PS_MAX_STACK_DEPTH with frames left, or a kernel-only stack
+// that filled bpf_get_stack()'s buffer.
 bool Truncated(const StackPair& s) {
-  return s.user_stack_err == 0 &&
-         (s.user_ips.size() >= PS_MAX_STACK_DEPTH ||
-          (s.user_ips.empty() && s.kernel_ips.size() >= PS_MAX_STACK_DEPTH));
+  if (s.user_stack_err != 0) return false;
+  if (!s.user_ips.empty()) return s.user_unwind == PS_UNWIND_TRUNCATED;
+  return s.kernel_ips.size() >= PS_MAX_STACK_DEPTH;
+}
+
+// The synthetic root of a user stack the walker stopped early (bpf/abi.h PS_UNWIND_*), or
+// nullptr for a complete or truncated one.
+const char* IncompleteFrame(const StackPair& s) {
+  if (s.user_stack_err != 0 || s.user_ips.empty()) return nullptr;
+  switch (s.user_unwind) {
+    case PS_UNWIND_NO_TABLE_YET:
+      return "[incomplete: unwind table not loaded yet]";
+    case PS_UNWIND_NO_TABLE_PC:
+      return "[incomplete: no unwind info]";
+    case PS_UNWIND_READ_FAULT:
+      return "[incomplete: stack unreadable]";
+    case PS_UNWIND_BAD_FRAME:
+      return "[incomplete: bad frame]";
+    default:
+      return nullptr;
+  }
 }
 }  // namespace
 
@@ -118,6 +138,7 @@ void ProfileSet::CountStackQuality(const StackPair& s, uint64_t weight) {
     stats_.user_stack_lost += weight;
   }
   if (Truncated(s)) stats_.truncated += weight;
+  if (IncompleteFrame(s) != nullptr) stats_.user_stack_incomplete += weight;
 }
 
 void ProfileSet::Locations(PprofBuilder& b, const proc::ProcessKey& process,
@@ -138,6 +159,8 @@ void ProfileSet::Locations(PprofBuilder& b, const proc::ProcessKey& process,
     out->push_back(b.AddSyntheticLocation("[unknown]"));
   } else if (Truncated(s)) {
     out->push_back(b.AddSyntheticLocation("[truncated]"));
+  } else if (const char* why = IncompleteFrame(s)) {
+    out->push_back(b.AddSyntheticLocation(why));
   }
   if (out->empty()) out->push_back(b.AddSyntheticLocation("[unknown]"));
 }

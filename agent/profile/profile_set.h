@@ -70,6 +70,7 @@ struct ProfileStats {
   uint64_t user_stack_lost = 0;       // samples/intervals whose user stack was lost ([unknown])
   uint64_t kernel_stack_lost = 0;
   uint64_t truncated = 0;             // stacks that hit PS_MAX_STACK_DEPTH ([truncated])
+  uint64_t user_stack_incomplete = 0; // user stacks the walker stopped early ([incomplete: ...])
   uint64_t sampled_cpu_ns = 0;        // sum of cpu values in process_cpu
   uint64_t exact_cpu_ns = 0;          // sum of on-CPU ns from sched_switch accounting
 };

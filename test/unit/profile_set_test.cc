@@ -134,14 +134,32 @@ TEST_CASE("ProfileSet marks lost and truncated stacks and keeps unsymbolized fra
   deep.process = key;
   deep.tid = 4242;
   deep.stacks.user_ips.assign(PS_MAX_STACK_DEPTH, 0x55d4c8a3f010);  // in /usr/bin/myserver r-xp
+  deep.stacks.user_unwind = PS_UNWIND_TRUNCATED;
   deep.count = 1;
   set.AddOnCpu(deep);
+
+  // A walk that stopped early (no CFI for a pc, no frame pointer) ends in a synthetic frame
+  // naming why; a full-depth stack that the walker completed is not truncated.
+  OnCpuRecord stopped;
+  stopped.process = key;
+  stopped.tid = 4244;
+  stopped.stacks.user_ips = {0x55d4c8a3f010, 0x55d4c8a3f020};
+  stopped.stacks.user_unwind = PS_UNWIND_NO_TABLE_PC;
+  stopped.count = 1;
+  set.AddOnCpu(stopped);
+  OnCpuRecord exact;
+  exact.process = key;
+  exact.tid = 4245;
+  exact.stacks.user_ips.assign(PS_MAX_STACK_DEPTH, 0x55d4c8a3f030);
+  exact.stacks.user_unwind = PS_UNWIND_COMPLETE;
+  exact.count = 1;
+  set.AddOnCpu(exact);
 
   auto out = set.Finish(0, 1);
   REQUIRE(out.size() == 1);
   CHECK(out[0].process_name == "myserver");
   const Profile& p = out[0].profile;
-  REQUIRE(p.sample_size() == 2);
+  REQUIRE(p.sample_size() == 4);
   CHECK(p.sample(0).value(1) == 2000);
   CHECK(p.sample(0).label_size() == 0);
   Resolved a = Resolve(p, 0);
@@ -156,11 +174,18 @@ TEST_CASE("ProfileSet marks lost and truncated stacks and keeps unsymbolized fra
   CHECK(b.functions.back() == "[truncated]");
   CHECK(b.mappings[0] == "/usr/bin/myserver");  // unreadable file: mapping and address kept
   CHECK(b.addresses[0] == 0x55d4c8a3f010);
+  Resolved c = Resolve(p, 2);
+  REQUIRE(c.functions.size() == 3);
+  CHECK(c.functions.back() == "[incomplete: no unwind info]");
+  Resolved d = Resolve(p, 3);
+  REQUIRE(d.functions.size() == PS_MAX_STACK_DEPTH);
+  CHECK(d.functions.back().empty());
   CHECK(set.stats().user_stack_lost == 2);
   CHECK(set.stats().truncated == 1);
+  CHECK(set.stats().user_stack_incomplete == 1);
   // Misses count distinct addresses per profile (leaf and caller kinds), not occurrences.
-  CHECK(symbolizer.stats().no_elf == 2);
-  CHECK(set.stats().samples == 3);
+  CHECK(symbolizer.stats().no_elf == 5);
+  CHECK(set.stats().samples == 5);
 }
 
 }  // namespace parascope

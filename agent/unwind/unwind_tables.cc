@@ -1,0 +1,450 @@
+#include "agent/unwind/unwind_tables.h"
+
+#include <fcntl.h>
+#include <sys/auxv.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "agent/collect/window_clock.h"
+#include "agent/proc/read_file.h"
+#include "agent/proc/stat.h"
+#include "agent/util/log.h"
+#include "agent/util/status.h"
+
+namespace parascope::unwind {
+
+// ---- RangeAllocator ----
+
+RangeAllocator::RangeAllocator(uint32_t capacity) : free_total_(capacity) {
+  if (capacity > 0) free_[0] = capacity;
+}
+
+std::optional<uint32_t> RangeAllocator::Allocate(uint32_t n) {
+  if (n == 0) return 0;
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < n) continue;
+    uint32_t first = it->first, len = it->second;
+    free_.erase(it);
+    if (len > n) free_[first + n] = len - n;
+    free_total_ -= n;
+    return first;
+  }
+  return std::nullopt;
+}
+
+void RangeAllocator::Free(uint32_t first, uint32_t n) {
+  if (n == 0) return;
+  free_total_ += n;
+  auto next = free_.lower_bound(first);
+  if (next != free_.end() && first + n == next->first) {
+    n += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == first) {
+      prev->second += n;
+      return;
+    }
+  }
+  free_[first] = n;
+}
+
+uint32_t RangeAllocator::largest_free() const {
+  uint32_t m = 0;
+  for (const auto& [f, n] : free_) m = std::max(m, n);
+  return m;
+}
+
+// ---- UnwindTables ----
+
+namespace {
+
+// Reads /proc/<tgid>/stat; NotFound if gone.
+absl::StatusOr<uint64_t> StartTicks(const std::string& proc_root, uint32_t tgid) {
+  PS_ASSIGN_OR_RETURN(std::string text,
+                      proc::ReadFileToString(absl::StrCat(proc_root, "/", tgid, "/stat")));
+  PS_ASSIGN_OR_RETURN(proc::ProcStat st, proc::ParseStat(text));
+  return st.start_time_ticks;
+}
+
+int64_t NowNs() { return MonotonicNowNs(); }
+
+}  // namespace
+
+UnwindTables::UnwindTables(UnwindMaps* maps, std::string proc_root)
+    : maps_(maps),
+      proc_root_(std::move(proc_root)),
+      rows_(maps->row_capacity()),
+      mappings_(maps->mapping_capacity()) {
+  stats_.table_budget_bytes = uint64_t{maps->row_capacity()} * sizeof(ps_unwind_row);
+}
+
+UnwindTables::~UnwindTables() = default;
+
+const UnwindTables::Table* UnwindTables::FindTable(const std::string& key) const {
+  auto it = tables_.find(key);
+  return it == tables_.end() ? nullptr : it->second.get();
+}
+
+bool UnwindTables::Known(uint32_t tgid, uint64_t start_ticks) const {
+  auto it = processes_.find(tgid);
+  return it != processes_.end() && it->second.start_ticks == start_ticks;
+}
+
+UnwindTableStats UnwindTables::stats() const {
+  UnwindTableStats s = stats_;
+  s.tables = tables_.size();
+  s.processes = processes_.size();
+  return s;
+}
+
+void UnwindTables::Quarantine(bool rows, uint32_t first, uint32_t n) {
+  if (n > 0) quarantine_.push_back({rows, first, n, NowNs()});
+}
+
+void UnwindTables::ReleaseQuarantine(int64_t now_ns, int64_t quarantine_ns) {
+  while (!quarantine_.empty() && now_ns - quarantine_.front().since_ns >= quarantine_ns) {
+    const Quarantined& q = quarantine_.front();
+    (q.rows ? rows_ : mappings_).Free(q.first, q.n);
+    quarantine_.pop_front();
+  }
+}
+
+bool UnwindTables::MakeRoom(uint32_t rows) {
+  while (rows_.largest_free() < rows) {
+    Table* victim = nullptr;
+    for (auto& [key, t] : tables_) {
+      if (t->refs == 0 && (victim == nullptr || t->last_used < victim->last_used)) {
+        victim = t.get();
+      }
+    }
+    if (victim == nullptr) return false;
+    for (const std::string& id : victim->identities) identity_to_key_.erase(id);
+    Quarantine(true, victim->first, victim->count);
+    stats_.table_bytes -= uint64_t{victim->count} * sizeof(ps_unwind_row);
+    ++stats_.tables_evicted;
+    tables_.erase(victim->key);
+  }
+  return true;
+}
+
+UnwindTables::Table* UnwindTables::Insert(const std::string& key, UnwindTable&& t) {
+  const uint32_t n = static_cast<uint32_t>(t.rows.size());
+  std::optional<uint32_t> first = rows_.Allocate(n);
+  if (!first && MakeRoom(n)) first = rows_.Allocate(n);
+  if (!first) {
+    ++stats_.budget_full;
+    static RateLimitedLog log;
+    log.Log(LogLevel::kWarning,
+            "unwind: no room for a table of %d rows (budget %d bytes, in use %d): raise "
+            "--unwind-table-bytes; its code is unwound with frame pointers",
+            n, stats_.table_budget_bytes, stats_.table_bytes);
+    return nullptr;
+  }
+  maps_->WriteRows(*first, t.rows);
+  auto table = std::make_unique<Table>();
+  table->key = key;
+  table->first = *first;
+  table->count = n;
+  table->loads = std::move(t.loads);
+  table->last_used = ++seq_;
+  stats_.table_bytes += uint64_t{n} * sizeof(ps_unwind_row);
+  ++stats_.tables_built;
+  Table* out = table.get();
+  tables_[key] = std::move(table);
+  return out;
+}
+
+UnwindTables::Table* UnwindTables::VdsoTable() {
+  static const std::string kKey = "vdso";
+  if (auto it = tables_.find(kKey); it != tables_.end()) return it->second.get();
+  if (failed_identity_.contains(kKey)) return nullptr;
+  // The vDSO is the same image in every process of this kernel (man 7 vdso); the agent's own
+  // copy is read in place. Its size: the [vdso] line of /proc/self/maps.
+  uint64_t base = getauxval(AT_SYSINFO_EHDR);
+  uint64_t size = 0;
+  if (auto text = proc::ReadFileToString("/proc/self/maps"); text.ok()) {
+    if (auto maps = proc::ParseMaps(*text); maps.ok()) {
+      for (const auto& m : *maps) {
+        if (m.path == "[vdso]") size = m.end - m.start;
+      }
+    }
+  }
+  if (base == 0 || size == 0) {
+    failed_identity_[kKey] = seq_;
+    return nullptr;
+  }
+  auto t = BuildTableFromMemory(reinterpret_cast<const void*>(base), size);
+  if (!t.ok()) {
+    failed_identity_[kKey] = seq_;
+    ++stats_.unreadable;
+    return nullptr;
+  }
+  return Insert(kKey, *std::move(t));
+}
+
+UnwindTables::Table* UnwindTables::TableFor(uint32_t tgid, const proc::MapEntry& m) {
+  if (m.path == "[vdso]") return VdsoTable();
+  if (!m.file_backed()) return nullptr;
+  // The file as the process sees it: map_files/ names the mapped file itself (also deleted or
+  // replaced files, and in other mount namespaces; needs CAP_SYS_ADMIN), else the path under
+  // the process's root (man 5 proc).
+  std::string via_map_files =
+      absl::StrFormat("%s/%d/map_files/%x-%x", proc_root_, tgid, m.start, m.end);
+  int fd = open(via_map_files.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 && !m.deleted) {
+    fd = open(absl::StrCat(proc_root_, "/", tgid, "/root", m.path).c_str(), O_RDONLY | O_CLOEXEC);
+  }
+  if (fd < 0) {
+    ++stats_.unreadable;
+    return nullptr;
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    close(fd);
+    ++stats_.unreadable;
+    return nullptr;
+  }
+  std::string identity = absl::StrCat(st.st_dev, ":", st.st_ino, ":", st.st_size, ":",
+                                      st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+  if (auto it = identity_to_key_.find(identity); it != identity_to_key_.end()) {
+    close(fd);
+    auto t = tables_.find(it->second);
+    if (t != tables_.end()) return t->second.get();
+    identity_to_key_.erase(it);
+    return nullptr;
+  }
+  if (failed_identity_.contains(identity)) {
+    close(fd);
+    return nullptr;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<UnwindTable> t = BuildTableFromFile(absl::StrCat("/proc/self/fd/", fd));
+  close(fd);
+  stats_.build_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - t0)
+                         .count();
+  if (!t.ok()) {
+    if (failed_identity_.size() > 65536) failed_identity_.clear();
+    failed_identity_[identity] = seq_;
+    if (absl::IsNotFound(t.status())) {
+      ++stats_.no_cfi;
+    } else {
+      ++stats_.unreadable;
+      static RateLimitedLog log;
+      log.Log(LogLevel::kWarning, "unwind: cannot read the CFI of %s (pid %d): %s", m.path, tgid,
+              t.status().ToString());
+    }
+    return nullptr;
+  }
+  std::string key = t->build_id.empty() ? absl::StrCat("f:", identity) : absl::StrCat("b:", t->build_id);
+  Table* table = nullptr;
+  if (auto it = tables_.find(key); it != tables_.end()) {
+    table = it->second.get();  // the same build in another file (container layers, copies)
+  } else {
+    table = Insert(key, *std::move(t));
+    if (table == nullptr) return nullptr;
+  }
+  identity_to_key_[identity] = key;
+  table->identities.push_back(identity);
+  return table;
+}
+
+void UnwindTables::Unref(Table* t) {
+  if (t != nullptr && t->refs > 0) --t->refs;
+}
+
+void UnwindTables::DropProcess(uint32_t tgid, Process& p) {
+  maps_->DeleteProcess(tgid);
+  Quarantine(false, p.map_first, p.map_count);
+  for (Table* t : p.tables) Unref(t);
+  p.tables.clear();
+}
+
+absl::Status UnwindTables::LoadProcess(uint32_t tgid, uint64_t start_ticks) {
+  absl::StatusOr<uint64_t> ticks = StartTicks(proc_root_, tgid);
+  auto gone = [&](absl::Status s) {
+    ++stats_.process_gone;
+    if (auto it = processes_.find(tgid); it != processes_.end()) {
+      DropProcess(tgid, it->second);
+      processes_.erase(it);
+    }
+    return s;
+  };
+  if (!ticks.ok()) return gone(ticks.status());
+  if (start_ticks != 0 && *ticks != start_ticks) {
+    return gone(absl::NotFoundError(absl::StrCat("pid ", tgid, " is another process now")));
+  }
+  start_ticks = *ticks;
+  absl::StatusOr<std::string> text =
+      proc::ReadFileToString(absl::StrCat(proc_root_, "/", tgid, "/maps"));
+  if (!text.ok()) return gone(text.status());
+  PS_ASSIGN_OR_RETURN(std::vector<proc::MapEntry> entries, proc::ParseMaps(*text));
+
+  std::vector<ps_unwind_mapping> out;
+  std::vector<Table*> refs;
+  for (const proc::MapEntry& m : entries) {
+    if (!m.executable()) continue;
+    if (out.size() >= PS_UNWIND_MAX_MAPPINGS) {
+      ++stats_.mappings_full;
+      break;
+    }
+    ps_unwind_mapping um{};
+    um.start = m.start;
+    um.end = m.end;
+    um.state = PS_TABLE_NONE;
+    if (Table* t = TableFor(tgid, m)) {
+      // ELF address of the mapping's first byte: its file offset through PT_LOAD.
+      uint64_t vaddr;
+      UnwindTable probe;
+      probe.loads = t->loads;
+      if (probe.OffsetToVaddr(m.offset, &vaddr)) {
+        um.bias = m.start - vaddr;
+        um.first = t->first;
+        um.count = t->count;
+        um.state = PS_TABLE_READY;
+        t->last_used = ++seq_;
+        ++t->refs;
+        refs.push_back(t);
+      }
+    }
+    out.push_back(um);
+  }
+  // The maps are the process's only if it is still the same process (pid reuse meanwhile).
+  absl::StatusOr<uint64_t> again = StartTicks(proc_root_, tgid);
+  if (!again.ok() || *again != start_ticks) {
+    for (Table* t : refs) Unref(t);
+    return gone(absl::NotFoundError(absl::StrCat("pid ", tgid, " exited while being read")));
+  }
+  const uint32_t n = static_cast<uint32_t>(out.size());
+  std::optional<uint32_t> first = mappings_.Allocate(n);
+  if (!first) {
+    ReleaseQuarantine(NowNs());
+    first = mappings_.Allocate(n);
+  }
+  if (!first) {
+    for (Table* t : refs) Unref(t);
+    ++stats_.mappings_full;
+    return absl::ResourceExhaustedError("unwind mapping slots exhausted");
+  }
+  maps_->WriteMappings(*first, out);
+  ps_unwind_proc proc{start_ticks, *first, n};
+  absl::Status s = maps_->SetProcess(tgid, proc);
+  if (!s.ok()) {
+    mappings_.Free(*first, n);
+    for (Table* t : refs) Unref(t);
+    return s;
+  }
+  Process& p = processes_[tgid];
+  if (p.map_count > 0 || !p.tables.empty()) {
+    Quarantine(false, p.map_first, p.map_count);
+    for (Table* t : p.tables) Unref(t);
+  }
+  p.start_ticks = start_ticks;
+  p.map_first = *first;
+  p.map_count = n;
+  p.tables = std::move(refs);
+  p.last_refresh_ns = NowNs();
+  ++stats_.process_loads;
+  return absl::OkStatus();
+}
+
+absl::Status UnwindTables::RefreshProcess(uint32_t tgid, uint64_t start_ticks, int64_t now_ns,
+                                          int64_t min_interval_ns) {
+  auto it = processes_.find(tgid);
+  if (it != processes_.end() && it->second.start_ticks == start_ticks &&
+      now_ns - it->second.last_refresh_ns < min_interval_ns) {
+    return absl::OkStatus();
+  }
+  return LoadProcess(tgid, start_ticks);
+}
+
+void UnwindTables::SweepExited() {
+  for (auto it = processes_.begin(); it != processes_.end();) {
+    absl::StatusOr<uint64_t> ticks = StartTicks(proc_root_, it->first);
+    if (!ticks.ok() || *ticks != it->second.start_ticks) {
+      DropProcess(it->first, it->second);
+      processes_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void UnwindTables::LoadAll() {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(proc_root_, ec)) {
+    uint32_t tgid;
+    if (!absl::SimpleAtoi(e.path().filename().string(), &tgid) || tgid == 0) continue;
+    (void)LoadProcess(tgid);  // kernel threads have no executable mapping: an empty list
+  }
+}
+
+// ---- UnwindService ----
+
+UnwindService::UnwindService(std::unique_ptr<UnwindMaps> maps, Poller poll,
+                             std::string proc_root)
+    : maps_(std::move(maps)), poll_(std::move(poll)), tables_(maps_.get(), std::move(proc_root)) {}
+
+UnwindService::~UnwindService() { Stop(); }
+
+void UnwindService::Start(const std::vector<uint32_t>& tgids) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (tgids.empty()) {
+      tables_.LoadAll();
+    } else {
+      for (uint32_t t : tgids) (void)tables_.LoadProcess(t);
+    }
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void UnwindService::Stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+UnwindTableStats UnwindService::stats() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return tables_.stats();
+}
+
+void UnwindService::Loop() {
+  constexpr int64_t kSweepNs = 2000000000;        // exited processes forgotten every 2 s
+  constexpr int64_t kRefreshNs = 500000000;       // a process's maps re-read at most every 0.5 s
+  int64_t last_sweep = MonotonicNowNs();
+  std::vector<ps_unwind_event> batch;
+  while (!stop_) {
+    batch.clear();
+    int rc = poll_(100, [&](const ps_unwind_event& e) { batch.push_back(e); });
+    if (rc < 0 && rc != -EINTR) {
+      static RateLimitedLog log;
+      log.Log(LogLevel::kWarning, "unwind: polling the table requests failed: %s",
+              std::strerror(-rc));
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    const int64_t now = MonotonicNowNs();
+    for (const ps_unwind_event& e : batch) {
+      uint64_t ticks = e.tgid_start_ns / PS_NS_PER_TICK;
+      if (e.kind == PS_UNWIND_EVENT_NEW_PROCESS && tables_.Known(e.tgid, ticks)) continue;
+      (void)tables_.RefreshProcess(e.tgid, ticks, now, kRefreshNs);
+    }
+    tables_.ReleaseQuarantine(now);
+    if (now - last_sweep >= kSweepNs) {
+      tables_.SweepExited();
+      last_sweep = now;
+    }
+  }
+}
+
+}  // namespace parascope::unwind

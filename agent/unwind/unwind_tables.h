@@ -1,0 +1,181 @@
+// The daemon half of user-stack unwinding: per-file CFI tables (cfi.h) loaded into the BPF
+// walker's maps (bpf/abi.h "User-stack unwinding"), and per-process mapping lists pointing at
+// them. Files are read as the process sees them (/proc/<tgid>/map_files/, else
+// /proc/<tgid>/root/<path>); one table per file, keyed by build id (else device, inode, size and
+// mtime), shared by every process that maps it.
+//
+// Memory is bounded: rows live in one preallocated array of `row_capacity` rows (the byte
+// budget, --unwind-table-bytes), mapping lists in one of `mapping_capacity` slots. Tables no
+// live process maps are kept for reuse and evicted least recently used first when space is
+// needed; tables in use are never evicted, so a new file that does not fit gets no table (its
+// pcs are unwound with frame pointers) and is counted.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "agent/proc/maps.h"
+#include "agent/unwind/cfi.h"
+#include "bpf/abi.h"
+
+namespace parascope::unwind {
+
+// The kernel boundary: the four BPF maps of bpf/unwind.bpf.h. A fake in tests.
+class UnwindMaps {
+ public:
+  virtual ~UnwindMaps() = default;
+  virtual uint32_t row_capacity() const = 0;
+  virtual uint32_t mapping_capacity() const = 0;
+  // Writes rows/mappings at [first, first + n). Visible to BPF before a later SetProcess returns.
+  virtual void WriteRows(uint32_t first, absl::Span<const ps_unwind_row> rows) = 0;
+  virtual void WriteMappings(uint32_t first, absl::Span<const ps_unwind_mapping> maps) = 0;
+  virtual absl::Status SetProcess(uint32_t tgid, const ps_unwind_proc& proc) = 0;
+  virtual void DeleteProcess(uint32_t tgid) = 0;
+};
+
+// First-fit allocator of index ranges in [0, capacity), coalescing on free.
+class RangeAllocator {
+ public:
+  explicit RangeAllocator(uint32_t capacity);
+  std::optional<uint32_t> Allocate(uint32_t n);
+  void Free(uint32_t first, uint32_t n);
+  uint32_t free_count() const { return free_total_; }
+  uint32_t largest_free() const;
+
+ private:
+  std::map<uint32_t, uint32_t> free_;  // first -> length
+  uint32_t free_total_;
+};
+
+// Counters and gauges (monotonic counters, current gauges).
+struct UnwindTableStats {
+  uint64_t tables_built = 0;
+  uint64_t tables_evicted = 0;
+  uint64_t table_bytes = 0;        // rows in use, in bytes (gauge)
+  uint64_t table_budget_bytes = 0; // row_capacity * 16 (gauge)
+  uint64_t tables = 0;             // tables loaded (gauge)
+  uint64_t processes = 0;          // processes with a mapping list (gauge)
+  uint64_t build_ns = 0;           // time spent building tables
+  uint64_t no_cfi = 0;             // executable files without .eh_frame/.debug_frame
+  uint64_t unreadable = 0;         // files that could not be opened or parsed
+  uint64_t budget_full = 0;        // tables not loaded: no room in the row budget
+  uint64_t mappings_full = 0;      // processes not (fully) loaded: mapping slots exhausted
+  uint64_t process_loads = 0;      // mapping lists written (first load and refreshes)
+  uint64_t process_gone = 0;       // processes that exited before or while being loaded
+};
+
+// Not thread-safe by itself; UnwindService serializes access.
+class UnwindTables {
+ public:
+  // proc_root: "/proc" (a fixture directory in tests). Borrows `maps`.
+  UnwindTables(UnwindMaps* maps, std::string proc_root = "/proc");
+  ~UnwindTables();
+
+  // Loads (or reloads) the mapping list of process `tgid` whose start time is `start_ticks`
+  // (/proc/<tgid>/stat field 22; 0: take it from /proc), building tables for files seen the
+  // first time. NotFound when the process is gone or is another process now.
+  absl::Status LoadProcess(uint32_t tgid, uint64_t start_ticks = 0);
+  // Like LoadProcess for a known process, at most once per `min_interval_ns` (a pc outside its
+  // known mappings: a library loaded since).
+  absl::Status RefreshProcess(uint32_t tgid, uint64_t start_ticks, int64_t now_ns,
+                              int64_t min_interval_ns);
+  // Forgets processes whose /proc/<tgid>/stat is gone or has another start time.
+  void SweepExited();
+  // Loads every process under proc_root (at start).
+  void LoadAll();
+  // Releases ranges freed at least `quarantine_ns` ago: no BPF program still reads them (a
+  // program runs for microseconds, non-preemptibly).
+  void ReleaseQuarantine(int64_t now_ns, int64_t quarantine_ns = 1000000000);
+
+  bool Known(uint32_t tgid, uint64_t start_ticks) const;
+  UnwindTableStats stats() const;
+
+  // For tests and the bench: the table built for a file (nullptr if none).
+  struct Table {
+    std::string key;                      // "b:<build id>" or "f:<dev>:<inode>:<size>:<mtime>"
+    uint32_t first = 0, count = 0;        // rows in ps_unwind_rows
+    uint32_t refs = 0;                    // process mappings using it
+    uint64_t last_used = 0;               // LRU sequence
+    std::vector<UnwindTable::Segment> loads;
+    std::vector<std::string> identities;  // identity_to_key_ entries pointing here
+  };
+  const Table* FindTable(const std::string& key) const;
+
+ private:
+  struct Process {
+    uint64_t start_ticks = 0;
+    uint32_t map_first = 0, map_count = 0;
+    std::vector<Table*> tables;  // one ref each
+    int64_t last_refresh_ns = 0;
+  };
+
+  // The table of the file behind mapping `m` of `tgid`, building it on first sight; nullptr when
+  // the file has none (or it could not be loaded: counted). Adds no reference.
+  Table* TableFor(uint32_t tgid, const proc::MapEntry& m);
+  Table* VdsoTable();
+  Table* Insert(const std::string& key, UnwindTable&& t);
+  void Unref(Table* t);
+  bool MakeRoom(uint32_t rows);
+  void DropProcess(uint32_t tgid, Process& p);
+  void Quarantine(bool rows, uint32_t first, uint32_t n);
+
+  UnwindMaps* maps_;
+  std::string proc_root_;
+  RangeAllocator rows_, mappings_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Table>> tables_;  // by key
+  // File identity (dev, inode, size, mtime) -> table key, so a file seen before is not reopened.
+  absl::flat_hash_map<std::string, std::string> identity_to_key_;
+  absl::flat_hash_map<std::string, uint64_t> failed_identity_;  // identity -> seq of failure
+  absl::flat_hash_map<uint32_t, Process> processes_;
+  struct Quarantined {
+    bool rows;
+    uint32_t first, n;
+    int64_t since_ns;
+  };
+  std::deque<Quarantined> quarantine_;
+  uint64_t seq_ = 0;
+  UnwindTableStats stats_;
+};
+
+// Runs UnwindTables on its own thread: loads every process at Start, then serves the walker's
+// requests (ps_unwind_events ring buffer: new processes, pcs outside known mappings) and forgets
+// exited processes every few seconds.
+class UnwindService {
+ public:
+  // `poll(timeout_ms, handler)` polls the ring buffer, calling handler for each event; returns
+  // < 0 on error. Borrowed until Stop.
+  using Poller = std::function<int(int timeout_ms,
+                                   const std::function<void(const ps_unwind_event&)>& handler)>;
+  UnwindService(std::unique_ptr<UnwindMaps> maps, Poller poll, std::string proc_root = "/proc");
+  ~UnwindService();
+
+  // Loads the given processes (all when empty) synchronously, then starts the thread.
+  void Start(const std::vector<uint32_t>& tgids);
+  void Stop();
+  UnwindTableStats stats() const;
+
+ private:
+  void Loop();
+
+  std::unique_ptr<UnwindMaps> maps_;
+  Poller poll_;
+  mutable std::mutex mu_;
+  UnwindTables tables_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace parascope::unwind

@@ -1,0 +1,400 @@
+/* User-stack unwinding from the daemon's CFI tables (bpf/abi.h, "User-stack unwinding"), for
+ * the on-CPU sampler and the off-CPU switch-out capture alike: the same walker runs in both.
+ *
+ * Per frame: find the pc's mapping in the process's run of ps_unwind_maps (binary search), then
+ * the last table row at or below the pc's ELF address (binary search in ps_unwind_rows), compute
+ * the CFA, read the return address and, when saved, the caller's frame pointer from the user
+ * stack. A pc without a table (no process entry yet, JIT code, no CFI for the address) takes the
+ * frame-pointer step instead (CFA = FP + 16, RA at FP + 8, caller's FP at FP), counted. Every
+ * loop is bounded by a constant from abi.h; no helper newer than 5.8 (ring buffer) is needed,
+ * bpf_task_pt_regs (5.15) is used where the kernel has it. */
+#ifndef PARASCOPE_BPF_UNWIND_BPF_H_
+#define PARASCOPE_BPF_UNWIND_BPF_H_
+
+#include "abi.h"
+#include "common.bpf.h"
+
+/* ---- architecture: where the user registers are, and what a user address is ---- */
+#if defined(__TARGET_ARCH_x86)
+/* x86-64: THREAD_SIZE = PAGE_SIZE << (2 + KASAN_STACK_ORDER) (arch/x86/include/asm/
+ * page_64_types.h; KASAN off in distribution kernels), TOP_OF_KERNEL_STACK_PADDING 0, so the
+ * user registers saved at kernel entry are the last struct pt_regs below stack + THREAD_SIZE
+ * (task_pt_regs, arch/x86/include/asm/processor.h). */
+#define PS_THREAD_SIZE 16384UL
+/* TASK_SIZE_MAX with 4-level paging, minus the guard page (arch/x86/include/asm/page_64.h);
+ * 5-level paging raises it, user pcs above are then rejected as impossible frames. */
+#define PS_USER_ADDR_MAX 0x00007ffffffff000ULL
+/* A sample interrupted user mode when its pc is a user address (kernel text is in the upper
+ * half); this avoids reading pt_regs::cs, whose type changed (FRED, 6.9). */
+static __always_inline int ps_regs_user_mode(struct pt_regs *regs) {
+  return PT_REGS_IP(regs) <= PS_USER_ADDR_MAX;
+}
+#else
+#error "user-stack unwinding: only x86-64 is implemented (an arm64 port needs the lines above)"
+#endif
+
+/* ---- maps (shared by both objects: agent/bpf/programs.cc reuses oncpu's fds) ---- */
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, PS_UNWIND_PROC_ENTRIES);
+  __type(key, __u32); /* tgid */
+  __type(value, struct ps_unwind_proc);
+} ps_unwind_procs SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, PS_UNWIND_MAP_ENTRIES);
+  __uint(map_flags, BPF_F_MMAPABLE); /* written in place by the daemon */
+  __type(key, __u32);
+  __type(value, struct ps_unwind_mapping);
+} ps_unwind_maps SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, PS_UNWIND_ROW_ENTRIES); /* resized by the daemon: --unwind-table-bytes */
+  __uint(map_flags, BPF_F_MMAPABLE);
+  __type(key, __u32);
+  __type(value, struct ps_unwind_row);
+} ps_unwind_rows SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_RINGBUF);
+  __uint(max_entries, 64 * 1024);
+} ps_unwind_events SEC(".maps");
+
+/* Per-CPU de-duplication of table requests: the last one sent from this CPU. */
+struct ps_unwind_notified {
+  __u32 tgid;
+  __u32 kind;
+  __u64 ns;
+};
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct ps_unwind_notified);
+} ps_unwind_notify_state SEC(".maps");
+
+/* A request is repeated for the same process and kind at most this often per CPU (ns). */
+#define PS_UNWIND_NOTIFY_INTERVAL_NS 100000000ULL
+
+static __always_inline void ps_unwind_notify(__u32 tgid, __u64 tgid_start_ns, __u32 kind) {
+  __u32 zero = 0;
+  struct ps_unwind_notified *last = bpf_map_lookup_elem(&ps_unwind_notify_state, &zero);
+  if (!last)
+    return;
+  __u64 now = bpf_ktime_get_ns();
+  if (last->tgid == tgid && last->kind == kind && now - last->ns < PS_UNWIND_NOTIFY_INTERVAL_NS)
+    return;
+  last->tgid = tgid;
+  last->kind = kind;
+  last->ns = now;
+  struct ps_unwind_event *e = bpf_ringbuf_reserve(&ps_unwind_events, sizeof(*e), 0);
+  if (!e) {
+    ps_count(PS_CTR_UNWIND_EVENTS_LOST);
+    return;
+  }
+  e->tgid = tgid;
+  e->kind = kind;
+  e->tgid_start_ns = tgid_start_ns;
+  bpf_ringbuf_submit(e, 0);
+}
+
+/* The registers a walk starts from. */
+struct ps_unwind_regs {
+  __u64 pc;
+  __u64 sp;
+  __u64 fp;
+};
+
+/* The current task's user registers: the interrupted ones when a sample hit user mode (`regs`
+ * from the perf_event context, or NULL), else those saved at kernel entry (task_pt_regs).
+ * Returns 0 for a task without user memory (kernel threads, an exiting task). */
+static __always_inline int ps_user_regs(struct pt_regs *regs, struct ps_unwind_regs *out) {
+  if (regs && ps_regs_user_mode(regs)) {
+    out->pc = PT_REGS_IP(regs);
+    out->sp = PT_REGS_SP(regs);
+    out->fp = PT_REGS_FP(regs);
+    return 1;
+  }
+  struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+  if (!BPF_CORE_READ(task, mm))
+    return 0;
+  struct pt_regs *uregs;
+  if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_task_pt_regs)) {
+    uregs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+  } else {
+    void *stack = BPF_CORE_READ(task, stack);
+    if (!stack)
+      return 0;
+    uregs = (struct pt_regs *)(stack + PS_THREAD_SIZE) - 1;
+  }
+  out->pc = PT_REGS_IP_CORE(uregs);
+  out->sp = PT_REGS_SP_CORE(uregs);
+  out->fp = PT_REGS_FP_CORE(uregs);
+  return out->pc != 0;
+}
+
+/* Index in ps_unwind_maps of the mapping of `pc` among [first, first + count), or -1. Global
+ * functions (here and below) are verified once, on their own (Linux 5.6), so a caller's loop
+ * costs the verifier one call per iteration, not the search's branches. */
+__attribute__((noinline)) int ps_find_mapping_index(__u32 first, __u32 count, __u64 pc) {
+  /* count <= PS_UNWIND_MAX_MAPPINGS (the daemon's invariant), so the steps suffice. No clamp
+   * here: its constant branch would make every later value exact for the verifier, defeating
+   * its state pruning (2^steps paths). */
+  __u32 left = 0, right = count; /* ends as the first index whose start > pc */
+  for (int i = 0; i < PS_UNWIND_MAP_SEARCH_STEPS; i++) {
+    if (left >= right)
+      break;
+    __u32 mid = (left + right) / 2;
+    __u32 idx = first + mid;
+    struct ps_unwind_mapping *m = bpf_map_lookup_elem(&ps_unwind_maps, &idx);
+    if (!m)
+      return -1;
+    if (m->start <= pc)
+      left = mid + 1;
+    else
+      right = mid;
+  }
+  if (left == 0)
+    return -1;
+  __u32 idx = first + left - 1;
+  struct ps_unwind_mapping *m = bpf_map_lookup_elem(&ps_unwind_maps, &idx);
+  if (!m || pc >= m->end)
+    return -1;
+  return (int)idx;
+}
+
+/* Index in ps_unwind_rows of the last row of [first, first + count) whose pc is <= rel, or -1. */
+__attribute__((noinline)) int ps_find_row_index(__u32 first, __u32 count, __u64 rel) {
+  __u32 left = 0, right = count; /* count <= PS_UNWIND_MAX_TABLE_ROWS (daemon's invariant) */
+  for (int i = 0; i < PS_UNWIND_ROW_SEARCH_STEPS; i++) {
+    if (left >= right)
+      break;
+    __u32 mid = (left + right) / 2;
+    __u32 idx = first + mid;
+    struct ps_unwind_row *r = bpf_map_lookup_elem(&ps_unwind_rows, &idx);
+    if (!r)
+      return -1;
+    if (r->pc <= rel)
+      left = mid + 1;
+    else
+      right = mid;
+  }
+  if (left == 0)
+    return -1;
+  return (int)(first + left - 1);
+}
+
+static __always_inline int ps_read_user_u64(__u64 addr, __u64 *out) {
+  return bpf_probe_read_user(out, sizeof(*out), (const void *)addr);
+}
+
+/* One walk in progress, per CPU and per object (each object's programs have their own copy: a
+ * sample may interrupt sched_switch on its CPU only with a hardware PMU NMI, and then runs the
+ * other object's walker). */
+struct ps_unwind_state {
+  __u64 pc, sp, fp;
+  __u64 tgid_start_ns;
+  __u32 tgid;
+  __u32 exact;    /* pc is exact (leaf, or after a signal frame), not a return address */
+  __u32 outcome;  /* PS_UNWIND_* once done */
+  __u32 has_proc;
+  struct ps_unwind_proc proc;
+  struct ps_stack st;
+  __u64 guard; /* st.ips[PS_MAX_STACK_DEPTH]: lets the index be masked for the verifier */
+};
+PS_STATIC_ASSERT(PS_MAX_STACK_DEPTH + 1 == 128, "frame index mask 127");
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct ps_unwind_state);
+} ps_unwind_state_map SEC(".maps");
+
+/* Unwinds frame `i` of the walk in ps_unwind_state_map: records its pc and steps to its
+ * caller. Returns 1 to go on, 0 when the walk ended (outcome set). A global function: the
+ * verifier checks it once instead of once per frame of every caller's loop (Linux 5.6 "bpf:
+ * Introduce function-by-function verification"), which keeps a 127-frame walk far below the
+ * 1M-instruction limit on kernels without bpf_loop (5.17). */
+__attribute__((noinline)) int ps_unwind_frame(__u32 i) {
+  __u32 zero = 0;
+  struct ps_unwind_state *w = bpf_map_lookup_elem(&ps_unwind_state_map, &zero);
+  if (!w)
+    return 0;
+  if (i >= PS_MAX_STACK_DEPTH) {
+    w->outcome = PS_UNWIND_TRUNCATED;
+    return 0;
+  }
+  __u64 pc = w->pc, sp = w->sp, fp = w->fp;
+  if (pc == 0) {
+    w->outcome = PS_UNWIND_COMPLETE;
+    return 0;
+  }
+  if (pc > PS_USER_ADDR_MAX) {
+    w->outcome = PS_UNWIND_BAD_FRAME;
+    return 0;
+  }
+  /* i < PS_MAX_STACK_DEPTH already; the mask in asm is what the verifier sees (the compiler
+   * would drop a C mask it knows to be redundant and check a copy of i). */
+  __u64 idx = i;
+  asm volatile("%[idx] &= 127" : [idx] "+r"(idx));
+  w->st.ips[idx] = pc;
+  w->st.len = i + 1;
+  __u64 lookup = w->exact ? pc : pc - 1;
+
+  struct ps_unwind_row *row = 0;
+  __u32 no_table = PS_UNWIND_NO_TABLE_YET;
+  if (w->has_proc) {
+    int mi = ps_find_mapping_index(w->proc.first, w->proc.count, lookup);
+    __u32 key = mi < 0 ? 0 : (__u32)mi;
+    struct ps_unwind_mapping *m = mi < 0 ? 0 : bpf_map_lookup_elem(&ps_unwind_maps, &key);
+    if (!m) {
+      /* Mapped since the daemon read the process's maps (dlopen), or junk. */
+      ps_unwind_notify(w->tgid, w->tgid_start_ns, PS_UNWIND_EVENT_UNKNOWN_PC);
+      no_table = PS_UNWIND_NO_TABLE_PC;
+    } else if (m->state == PS_TABLE_READY) {
+      int ri = ps_find_row_index(m->first, m->count, lookup - m->bias);
+      key = ri < 0 ? 0 : (__u32)ri;
+      row = ri < 0 ? 0 : bpf_map_lookup_elem(&ps_unwind_rows, &key);
+      no_table = PS_UNWIND_NO_TABLE_PC;
+    } else if (m->state == PS_TABLE_NONE) {
+      no_table = PS_UNWIND_NO_TABLE_PC;
+    }
+  }
+
+  __u64 cfa, ra, next_fp = fp;
+  if (row && row->cfa_rule != PS_CFA_NONE) {
+    __u8 rule = row->cfa_rule;
+    if (rule == PS_CFA_END) {
+      w->outcome = PS_UNWIND_COMPLETE;
+      return 0;
+    }
+    if (rule == PS_CFA_SP) {
+      cfa = sp + row->cfa_offset;
+    } else if (rule == PS_CFA_FP) {
+      cfa = fp + row->cfa_offset;
+    } else if (rule == PS_CFA_PLT) {
+      cfa = sp + row->cfa_offset + ((pc & 15) >= (row->flags >> PS_ROW_PLT_SHIFT) ? 8 : 0);
+    } else if (rule == PS_CFA_DEREF_SP || rule == PS_CFA_DEREF_FP) {
+      __u64 base = rule == PS_CFA_DEREF_SP ? sp : fp;
+      if (ps_read_user_u64(base + row->cfa_offset, &cfa)) {
+        w->outcome = PS_UNWIND_READ_FAULT;
+        return 0;
+      }
+    } else {
+      w->outcome = PS_UNWIND_BAD_FRAME;
+      return 0;
+    }
+    __u64 ra_addr = row->ra_rule == PS_RA_AT_SP ? sp + row->ra_offset : cfa + row->ra_offset;
+    if (ps_read_user_u64(ra_addr, &ra)) {
+      w->outcome = PS_UNWIND_READ_FAULT;
+      return 0;
+    }
+    if (row->fp_rule == PS_FP_AT_CFA || row->fp_rule == PS_FP_AT_SP) {
+      __u64 fp_addr = row->fp_rule == PS_FP_AT_SP ? sp + row->fp_offset : cfa + row->fp_offset;
+      if (ps_read_user_u64(fp_addr, &next_fp)) {
+        w->outcome = PS_UNWIND_READ_FAULT;
+        return 0;
+      }
+    } else if (row->fp_rule == PS_FP_UNDEFINED) {
+      next_fp = 0;
+    }
+    __u32 signal = row->flags & PS_ROW_SIGNAL;
+    /* The caller's frame lies above this one, except across a signal (sigaltstack). */
+    if (!signal && cfa <= sp) {
+      w->outcome = PS_UNWIND_BAD_FRAME;
+      return 0;
+    }
+    w->exact = signal;
+  } else {
+    /* Frame-pointer step: push %rbp; mov %rsp,%rbp (System V psABI 3.4.1, optional). FP 0 ends
+     * a frame-pointer chain (_start clears it), but code without frame pointers leaves anything
+     * there: a walk that ends here ended without a table, whatever it found. */
+    if (fp == 0 || fp < sp || (fp & 7)) {
+      w->outcome = no_table;
+      return 0;
+    }
+    if (ps_read_user_u64(fp + 8, &ra) || ps_read_user_u64(fp, &next_fp)) {
+      w->outcome = no_table;
+      return 0;
+    }
+    cfa = fp + 16;
+    w->exact = 0;
+    ps_count(PS_CTR_UNWIND_FP_FRAMES);
+  }
+  w->pc = ra;
+  w->sp = cfa;
+  w->fp = next_fp;
+  if (ra == 0) {
+    w->outcome = PS_UNWIND_COMPLETE; /* a zero return address ends the chain (glibc's clone) */
+    return 0;
+  }
+  return 1;
+}
+
+/* Walks the current task's user stack into the per-CPU walk state. Returns the walk's stack
+ * (leaf first, outcome in flags) or NULL for a task without user memory. tgid/tgid_start_ns
+ * identify the process (ps_unwind_procs). */
+static __always_inline struct ps_stack *ps_unwind_user(struct pt_regs *ctx_regs, __u32 tgid,
+                                                       __u64 tgid_start_ns) {
+  __u32 zero = 0;
+  struct ps_unwind_state *w = bpf_map_lookup_elem(&ps_unwind_state_map, &zero);
+  if (!w)
+    return 0;
+  struct ps_unwind_regs r = {};
+  if (!ps_user_regs(ctx_regs, &r))
+    return 0;
+  w->pc = r.pc;
+  w->sp = r.sp;
+  w->fp = r.fp;
+  w->tgid = tgid;
+  w->tgid_start_ns = tgid_start_ns;
+  w->exact = 1;
+  w->outcome = PS_UNWIND_TRUNCATED;
+  w->st.len = 0;
+  w->st.flags = 0;
+  w->has_proc = 0;
+  struct ps_unwind_proc *proc = bpf_map_lookup_elem(&ps_unwind_procs, &tgid);
+  if (proc && proc->tgid_start_ticks == tgid_start_ns / PS_NS_PER_TICK) {
+    w->proc = *proc;
+    w->has_proc = 1;
+  } else {
+    /* Unknown, or a reused pid whose entry is the old process's. */
+    ps_unwind_notify(tgid, tgid_start_ns, PS_UNWIND_EVENT_NEW_PROCESS);
+  }
+  for (__u32 i = 0; i <= PS_MAX_STACK_DEPTH; i++) {
+    if (!ps_unwind_frame(i))
+      break;
+  }
+  w->st.flags = w->outcome;
+  return &w->st;
+}
+
+/* Counts the walk's outcome in ps_counters. */
+static __always_inline void ps_count_unwind(__u32 outcome) {
+  switch (outcome) {
+  case PS_UNWIND_COMPLETE: ps_count(PS_CTR_UNWIND_COMPLETE); break;
+  case PS_UNWIND_TRUNCATED: ps_count(PS_CTR_UNWIND_TRUNCATED); break;
+  case PS_UNWIND_NO_TABLE_YET: ps_count(PS_CTR_UNWIND_NO_TABLE_YET); break;
+  case PS_UNWIND_NO_TABLE_PC: ps_count(PS_CTR_UNWIND_NO_TABLE_PC); break;
+  case PS_UNWIND_READ_FAULT: ps_count(PS_CTR_UNWIND_READ_FAULT); break;
+  default: ps_count(PS_CTR_UNWIND_BAD_FRAME); break;
+  }
+}
+
+/* Unwinds the current task's user stack into `stacks`. Returns its hash, or 0 with *err (0: no
+ * user stack, as for a kernel thread). */
+static __always_inline __u64 ps_capture_user_stack(struct pt_regs *ctx_regs, void *stacks,
+                                                   __u32 tgid, __u64 tgid_start_ns, __s32 *err) {
+  *err = 0;
+  struct ps_stack *st = ps_unwind_user(ctx_regs, tgid, tgid_start_ns);
+  if (!st)
+    return 0;
+  long n = (long)st->len * sizeof(__u64);
+  if (n > 0)
+    ps_count_unwind(st->flags);
+  return ps_store_stack(stacks, st, n, BPF_F_USER_STACK, err);
+}
+
+#endif /* PARASCOPE_BPF_UNWIND_BPF_H_ */
