@@ -132,6 +132,74 @@ class AgentMetrics {
               {{"weighted"}, static_cast<double>(c[PS_CTR_OFFCPU_WEIGHTED])}};
         }));
     regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_unwind_stacks_total",
+        "User stacks walked by the BPF unwinder, by outcome: complete (reached the outermost "
+        "frame), truncated (127 frames and more remained), or stopped early: no_table_yet (the "
+        "process or file had no table loaded yet; frame pointers used), no_table_for_pc (JIT "
+        "or code without CFI, and no frame pointer), read_fault (stack memory unreadable), "
+        "bad_frame (an impossible frame).",
+        {"outcome"}, [this] {
+          BpfCounters c = bpf_->Counters();
+          return std::vector<CallbackSample>{
+              {{"complete"}, static_cast<double>(c[PS_CTR_UNWIND_COMPLETE])},
+              {{"truncated"}, static_cast<double>(c[PS_CTR_UNWIND_TRUNCATED])},
+              {{"no_table_yet"}, static_cast<double>(c[PS_CTR_UNWIND_NO_TABLE_YET])},
+              {{"no_table_for_pc"}, static_cast<double>(c[PS_CTR_UNWIND_NO_TABLE_PC])},
+              {{"read_fault"}, static_cast<double>(c[PS_CTR_UNWIND_READ_FAULT])},
+              {{"bad_frame"}, static_cast<double>(c[PS_CTR_UNWIND_BAD_FRAME])}};
+        }));
+    regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_unwind_frame_pointer_frames_total",
+        "Frames the unwinder found by the frame-pointer fallback (no table for their pc).", {},
+        [this] {
+          return std::vector<CallbackSample>{
+              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_UNWIND_FP_FRAMES])}};
+        }));
+    auto unwind_scalar = [&](MetricType type, const char* name, const char* help,
+                             std::function<double(const unwind::UnwindTableStats&)> f) {
+      regs_.push_back(registry->AddCallback(type, name, help, {}, [this, f] {
+        return std::vector<CallbackSample>{{{}, f(bpf_->unwind_stats())}};
+      }));
+    };
+    unwind_scalar(MetricType::kGauge, "parascope_unwind_table_bytes",
+                  "BPF memory used by unwind table rows, in bytes.",
+                  [](const auto& s) { return static_cast<double>(s.table_bytes); });
+    unwind_scalar(MetricType::kGauge, "parascope_unwind_table_budget_bytes",
+                  "BPF memory reserved for unwind table rows (--unwind-table-bytes), in bytes.",
+                  [](const auto& s) { return static_cast<double>(s.table_budget_bytes); });
+    unwind_scalar(MetricType::kGauge, "parascope_unwind_tables",
+                  "Unwind tables loaded (one per distinct file).",
+                  [](const auto& s) { return static_cast<double>(s.tables); });
+    unwind_scalar(MetricType::kGauge, "parascope_unwind_processes",
+                  "Processes whose mappings the unwinder knows.",
+                  [](const auto& s) { return static_cast<double>(s.processes); });
+    unwind_scalar(MetricType::kCounter, "parascope_unwind_tables_built_total",
+                  "Unwind tables built from .eh_frame/.debug_frame.",
+                  [](const auto& s) { return static_cast<double>(s.tables_built); });
+    unwind_scalar(MetricType::kCounter, "parascope_unwind_tables_evicted_total",
+                  "Unwind tables no live process used, evicted to make room (LRU).",
+                  [](const auto& s) { return static_cast<double>(s.tables_evicted); });
+    unwind_scalar(MetricType::kCounter, "parascope_unwind_table_build_seconds_total",
+                  "Time spent building unwind tables, in seconds.",
+                  [](const auto& s) { return s.build_ns / 1e9; });
+    regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_unwind_table_failures_total",
+        "Executable files or processes left to frame pointers, by reason: no_cfi (no "
+        ".eh_frame/.debug_frame), unreadable (cannot open or parse), budget_full (no room in "
+        "--unwind-table-bytes), mappings_full (mapping slots exhausted), process_gone (exited "
+        "while being read), requests_lost (ring buffer full).",
+        {"reason"}, [this] {
+          unwind::UnwindTableStats s = bpf_->unwind_stats();
+          return std::vector<CallbackSample>{
+              {{"no_cfi"}, static_cast<double>(s.no_cfi)},
+              {{"unreadable"}, static_cast<double>(s.unreadable)},
+              {{"budget_full"}, static_cast<double>(s.budget_full)},
+              {{"mappings_full"}, static_cast<double>(s.mappings_full)},
+              {{"process_gone"}, static_cast<double>(s.process_gone)},
+              {{"requests_lost"},
+               static_cast<double>(bpf_->Counters()[PS_CTR_UNWIND_EVENTS_LOST])}};
+        }));
+    regs_.push_back(registry->AddCallback(
         MetricType::kCounter, mn::kBpfRunTime,
         "Run time of each BPF program (needs sysctl kernel.bpf_stats_enabled=1).", {"program"},
         [this] {
@@ -185,6 +253,8 @@ class AgentMetrics {
     Advance(&stacks_lost_->With({"kernel_stack_lost"}), ps.kernel_stack_lost,
             &last_.kernel_stack_lost);
     Advance(&stacks_lost_->With({"truncated"}), ps.truncated, &last_.truncated);
+    Advance(&stacks_lost_->With({"user_stack_incomplete"}), ps.user_stack_incomplete,
+            &last_.user_stack_incomplete);
     Advance(&stacks_lost_->With({"stack_missing"}), ms.stacks_missing, &last_missing_);
     Advance(&symbolization_misses_->With({"no_mapping"}), ss.no_mapping, &last_ss_.no_mapping);
     Advance(&symbolization_misses_->With({"no_elf"}), ss.no_elf, &last_ss_.no_elf);
@@ -315,6 +385,7 @@ absl::Status RunAgent(const Config& config) {
   opts.offcpu = config.profiles.needs_offcpu();
   opts.min_offcpu_ns = absl::ToInt64Nanoseconds(config.off_cpu_min_duration);
   opts.offcpu_stack_rate = static_cast<uint32_t>(config.off_cpu_stack_rate);
+  opts.unwind_table_bytes = static_cast<uint64_t>(config.unwind_table_bytes);
   PS_ASSIGN_OR_RETURN(std::unique_ptr<BpfPrograms> bpf, BpfPrograms::Create(opts));
   // Unix time of a monotonic instant: windows are cut on CLOCK_MONOTONIC (what BPF sees).
   const int64_t unix_minus_mono = RealtimeNowNs() - MonotonicNowNs();
@@ -472,6 +543,7 @@ absl::Status RunAgent(const Config& config) {
   const ProfileStats& ps = profile_set.stats();
   const SymbolizerStats& ss = symbolizer.stats();
   const BpfMapStats& ms = bpf->map_stats();
+  const unwind::UnwindTableStats us = bpf->unwind_stats();
   Log(LogLevel::kInfo,
       "stopped: windows=%d samples_taken=%d samples_in_profiles=%d profiles_written=%d "
       "export_errors=%d switches=%d switches_unseen(chain=%d sample=%d) "
@@ -480,7 +552,9 @@ absl::Status RunAgent(const Config& config) {
       "thread_map_full=%d offcpu_map_full=%d running_map_full=%d runtime_map_full=%d) "
       "stacks(user_lost=%d kernel_lost=%d truncated=%d missing=%d) thread_states=%d "
       "thread_states_max=%d symbolize(frames=%d no_mapping=%d no_elf=%d no_symbol=%d "
-      "kernel_no_symbol=%d) processes(vanished=%d)",
+      "kernel_no_symbol=%d) processes(vanished=%d) unwind(complete=%d truncated=%d "
+      "no_table_yet=%d no_table_for_pc=%d read_fault=%d bad_frame=%d fp_frames=%d tables=%d "
+      "table_bytes=%d built=%d evicted=%d budget_full=%d)",
       windows, c[PS_CTR_SAMPLES], ps.samples, profiles_written, export_errors,
       c[PS_CTR_SWITCHES], c[PS_CTR_SWITCH_CHAIN_BREAKS], c[PS_CTR_SAMPLE_REPAIRS],
       c[PS_CTR_OFFCPU_NOT_CAPTURED], c[PS_CTR_OFFCPU_WEIGHTED], ps.offcpu_ns, ps.sampled_cpu_ns, ps.exact_cpu_ns,
@@ -488,7 +562,11 @@ absl::Status RunAgent(const Config& config) {
       c[PS_CTR_THREAD_MAP_FULL], c[PS_CTR_OFFCPU_MAP_FULL], c[PS_CTR_RUNNING_MAP_FULL],
       c[PS_CTR_RUNTIME_MAP_FULL], ps.user_stack_lost, ps.kernel_stack_lost, ps.truncated,
       ms.stacks_missing, ms.thread_states, ms.thread_states_max, ss.frames, ss.no_mapping,
-      ss.no_elf, ss.no_symbol, ss.kernel_no_symbol, processes.vanished());
+      ss.no_elf, ss.no_symbol, ss.kernel_no_symbol, processes.vanished(),
+      c[PS_CTR_UNWIND_COMPLETE], c[PS_CTR_UNWIND_TRUNCATED], c[PS_CTR_UNWIND_NO_TABLE_YET],
+      c[PS_CTR_UNWIND_NO_TABLE_PC], c[PS_CTR_UNWIND_READ_FAULT], c[PS_CTR_UNWIND_BAD_FRAME],
+      c[PS_CTR_UNWIND_FP_FRAMES], us.tables, us.table_bytes, us.tables_built, us.tables_evicted,
+      us.budget_full);
   if (config.print_summary) {
     std::cout << "parascope: busiest processes (" << bpf->event_name() << ", "
               << config.sampling_frequency_hz << " Hz, " << bpf->num_cpus() << " CPUs)\n";

@@ -47,6 +47,10 @@ ABSL_FLAG(std::string, service_name, "", "service_name of pushed series for a --
 ABSL_FLAG(bool, pid_label, false, "add a pid label to pushed series (high cardinality)");
 ABSL_FLAG(int64_t, queue_max_bytes, int64_t{64} << 20,
           "bound of the push queue in bytes; the oldest profiles are dropped beyond it");
+ABSL_FLAG(int64_t, unwind_table_bytes, int64_t{32} << 20,
+          "BPF memory for .eh_frame unwind tables in bytes (16 per row; libc takes ~450 KiB); "
+          "unused tables are evicted least recently used first, code without a table is unwound "
+          "with frame pointers");
 ABSL_FLAG(absl::Duration, shutdown_timeout, absl::Seconds(5),
           "on SIGTERM, how long to keep delivering queued profiles");
 ABSL_FLAG(std::string, http_address, "127.0.0.1:7070",
@@ -127,6 +131,7 @@ int main(int argc, char** argv) {
   config.pid_label = absl::GetFlag(FLAGS_pid_label);
   config.queue_max_bytes = absl::GetFlag(FLAGS_queue_max_bytes);
   config.shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);
+  config.unwind_table_bytes = absl::GetFlag(FLAGS_unwind_table_bytes);
   config.http_address = absl::GetFlag(FLAGS_http_address);
   config.print_summary = absl::GetFlag(FLAGS_print_summary);
   config.summary_processes = absl::GetFlag(FLAGS_summary_processes);

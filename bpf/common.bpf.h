@@ -197,8 +197,10 @@ static __always_inline __u64 ps_unseen_switch_ns(const struct ps_cpu_state *cs, 
 static __always_inline int ps_cpu_first_seen(struct ps_cpu_state *cs, struct ps_control *ctl) {
   if (cs->known)
     return 0;
-  if (__sync_lock_test_and_set(&cs->known, 1))
-    return 0;
+  /* A plain store, not an atomic exchange (BPF_XCHG needs Linux 5.12): the entry is this CPU's,
+   * and only an NMI sample landing between the test and the store could also see it unknown,
+   * once, in the first instant after attach. */
+  cs->known = 1;
   __sync_fetch_and_add(&ctl->unknown_cpus, -1);
   return 1;
 }

@@ -47,6 +47,12 @@ absl::Status Config::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("--queue-max-bytes: must be at least 1024, got ", queue_max_bytes));
   }
+  // At least libc's table (~450 KiB); at most 16 GiB (2^30 rows).
+  if (unwind_table_bytes < (int64_t{1} << 20) || unwind_table_bytes > (int64_t{16} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--unwind-table-bytes: must be between 1048576 (1 MiB) and 17179869184 (16 GiB), got ",
+        unwind_table_bytes));
+  }
   if (shutdown_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--shutdown-timeout: must not be negative");
   }

@@ -46,6 +46,8 @@ struct Config {
   std::string service_name;  // --service-name (for --pid runs)
   bool pid_label = false;    // --pid-label
   int64_t queue_max_bytes = int64_t{64} << 20;
+  // --unwind-table-bytes: BPF array memory for unwind table rows (agent/unwind/).
+  int64_t unwind_table_bytes = int64_t{32} << 20;
   absl::Duration shutdown_timeout = absl::Seconds(5);
   // /metrics, /healthz, /readyz; empty = no HTTP server.
   std::string http_address = "127.0.0.1:7070";
