@@ -41,7 +41,7 @@ unit: build
 bench: setup
 	@bash scripts/bench-setup
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-	cmake --build $(BUILD) -j $(JOBS) --target parascope
+	cmake --build $(BUILD) -j $(JOBS) --target parascope unwind_table_bench
 	BENCH_OUT=$(abspath $(BUILD))/bench PARASCOPE=$(abspath $(BUILD))/bin/parascope \
 	  $(PYTHON) bench/bench.py
 

@@ -920,6 +920,13 @@ def markdown(report):
     parts += [table(["measurement", "CPU (% of a core)", "CPU per window", "RSS MiB",
                      "peak RSS MiB"], rows), ""]
 
+    if report.get("unwind_tables"):
+        parts += ["**Unwind tables** (`build/bin/unwind_table_bench`: building a file's table "
+                  "from its `.eh_frame`, median of 5; 16 bytes a row in BPF array memory):", ""]
+        parts += [table(["file", "build ms", "rows", "bytes", "FDEs"],
+                        [[u["file"], u["ms"], f"{int(u['rows']):,}", f"{int(u['bytes']):,}",
+                          u["fdes"]] for u in report["unwind_tables"]]), ""]
+
     parts += ["**Budgets**:", ""]
     parts += [table(["budget", "figure", "budget", "peer", "verdict"],
                     [[b["budget"], b["figure"], b["limit"], b["peer"], b["verdict"]]
@@ -1012,6 +1019,7 @@ def main():
         for tool, r in (f.get("tools") or {"parascope": f}).items():
             if "error" in r:
                 report["errors"].append(f"footprint {key} / {tool}: {r['error']}")
+    report["unwind_tables"] = unwind_tables()
     report.update(runs=runs, summary=summary, footprint=footprint,
                   budgets=budgets(summary, footprint),
                   elapsed_s=time.monotonic() - t_start, quiet_waited_s=QUIET_SPENT[0])
@@ -1024,6 +1032,22 @@ def main():
     print(f"written: {os.path.join(OUT, 'results.md')}, {os.path.join(OUT, 'results.json')}; "
           f"logs in {LOGS}")
     return 1 if report["errors"] else 0
+
+
+def unwind_tables():
+    """Table-build cost for libc, libstdc++ and python3 (bench/unwind_table_bench.cc)."""
+    tool = os.path.join(os.path.dirname(PARASCOPE), "unwind_table_bench")
+    files = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+             os.path.realpath("/usr/bin/python3")]
+    files = [f for f in files if os.path.exists(f)]
+    if not os.access(tool, os.X_OK) or not files:
+        return []
+    out = subprocess.run([tool] + files, capture_output=True, text=True, timeout=120).stdout
+    lines = [l.split("\t") for l in out.splitlines()]
+    if not lines:
+        return []
+    head = lines[0]
+    return [dict(zip(head, l)) for l in lines[1:] if len(l) == len(head)]
 
 
 def paste_readme():
