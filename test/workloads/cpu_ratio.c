@@ -6,7 +6,9 @@
 //   (the process stays alive, so its maps can still be read for symbolization).
 // Both functions call the same noinline burn() with a 3:1 iteration count, so their CPU times
 // are 3:1 by construction; their inclusive shares are 0.75 and 0.25.
-// Build: -O1 -fno-omit-frame-pointer -fno-optimize-sibling-calls (frame-pointer unwinding).
+// Build: gcc -O2 with its defaults (no frame pointers; CMakeLists.txt). spin_a and spin_b use
+// burn's result after the call, so the calls stay real calls (not sibling calls, which would
+// take spin_a/spin_b off the stack); noinline/noclone keep every function under its own name.
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -14,18 +16,20 @@
 
 #include "workload_util.h"
 
-#define UNIT 100000UL /* iterations of burn per unit: ~0.1 ms */
+// Iterations of burn per unit: ~2.5 ms at gcc -O2, so a round (~10 ms) spans several sampling
+// periods and the 3:1 split cannot alias with them.
+#define UNIT 2000000UL
 
 static volatile unsigned long sink;
 
-__attribute__((noinline)) void burn(unsigned long n) {
+__attribute__((noinline, noclone)) unsigned long burn(unsigned long n) {
   unsigned long x = sink;
   for (unsigned long i = 0; i < n; i++) x = x * 6364136223846793005UL + 1442695040888963407UL;
-  sink = x;
+  return x;
 }
 
-__attribute__((noinline)) void spin_a(void) { burn(3 * UNIT); }
-__attribute__((noinline)) void spin_b(void) { burn(UNIT); }
+__attribute__((noinline, noclone)) void spin_a(void) { sink = burn(3 * UNIT) + 1; }
+__attribute__((noinline, noclone)) void spin_b(void) { sink = burn(UNIT) + 2; }
 
 int main(int argc, char** argv) {
   double seconds = argc > 1 ? atof(argv[1]) : 4.0;

@@ -25,7 +25,7 @@ static int rounds, tid, migrated;
 static int to_mover[2];
 static long long sleep_ns, cpu_ns, life_ns, start_unix, end_unix;
 
-__attribute__((noinline)) void sleep_50ms(void) {
+__attribute__((noinline, noclone)) void sleep_50ms(void) {
   struct timespec ts = {0, 50 * 1000 * 1000};
   raw_syscall4(SYS_clock_nanosleep, CLOCK_MONOTONIC, 0, (long)&ts, 0);
 }
@@ -49,7 +49,7 @@ static void* mover(void* arg) {
   return NULL;
 }
 
-__attribute__((noinline)) void sleeper_loop(void) {
+__attribute__((noinline, noclone)) void sleeper_loop(void) {
   for (int r = 0; r < rounds; r++) {
     char target = (r % 2 == 0) ? 1 : 0;  // we sit on the other one
     if (write(to_mover[1], &target, 1) != 1) abort();

@@ -39,8 +39,8 @@ static inline long long ask(char what) {
   return now_ns(CLOCK_MONOTONIC) - t0;
 }
 
-__attribute__((noinline)) void wait_20us(void) { wait20_ns += ask(20); }
-__attribute__((noinline)) void wait_60us(void) { wait60_ns += ask(60); }
+__attribute__((noinline, noclone)) void wait_20us(void) { wait20_ns += ask(20); }
+__attribute__((noinline, noclone)) void wait_60us(void) { wait60_ns += ask(60); }
 
 static void* helper(void* arg) {
   (void)arg;

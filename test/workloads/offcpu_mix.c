@@ -14,8 +14,8 @@
 //   around each nanosleep and each blocking read; A/E and HA/HE are CLOCK_REALTIME bounds of the
 //   measured and helper threads' lifetimes), then idles until stdin closes (the process stays
 //   alive, so its maps can still be read for symbolization).
-// The waiting system calls are issued inline: glibc's wrappers are leaves without a frame
-// pointer, and a frame-pointer walk from inside one skips its caller.
+// The waiting system calls are issued inline (workload_util.h), so each wait's user stack starts
+// in the measured function itself; offcpu_libc waits through glibc's wrappers instead.
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -32,13 +32,13 @@ static int tid, helper_tid;
 static long long cpu_ns, life_ns, sleep_ns, block_ns, sleeps, waits;
 static long long start_unix, end_unix, helper_start_unix, helper_end_unix;
 
-__attribute__((noinline)) void sleep_30ms(void) {
+__attribute__((noinline, noclone)) void sleep_30ms(void) {
   struct timespec ts = {0, 30 * 1000 * 1000};
   raw_syscall4(SYS_clock_nanosleep, CLOCK_MONOTONIC, 0, (long)&ts, 0);
 }
 
 // Asks the helper for a byte and blocks reading it; the helper answers 10 ms later.
-__attribute__((noinline)) long pipe_wait_10ms(void) {
+__attribute__((noinline, noclone)) long pipe_wait_10ms(void) {
   char c = 'r';
   raw_syscall4(SYS_write, req_pipe[1], (long)&c, 1, 0);
   long long t0 = now_ns(CLOCK_MONOTONIC);
@@ -47,12 +47,12 @@ __attribute__((noinline)) long pipe_wait_10ms(void) {
   return n;
 }
 
-__attribute__((noinline)) void helper_sleep_10ms(void) {
+__attribute__((noinline, noclone)) void helper_sleep_10ms(void) {
   struct timespec ts = {0, 10 * 1000 * 1000};
   raw_syscall4(SYS_clock_nanosleep, CLOCK_MONOTONIC, 0, (long)&ts, 0);
 }
 
-__attribute__((noinline)) long helper_wait_request(char* c) {
+__attribute__((noinline, noclone)) long helper_wait_request(char* c) {
   return raw_syscall4(SYS_read, req_pipe[0], (long)c, 1, 0);
 }
 
@@ -69,7 +69,7 @@ static void* helper(void* arg) {
   return NULL;
 }
 
-__attribute__((noinline)) void offcpu_loop(void) {
+__attribute__((noinline, noclone)) void offcpu_loop(void) {
   long long end = now_ns(CLOCK_MONOTONIC) + (long long)(seconds * 1e9);
   while (now_ns(CLOCK_MONOTONIC) < end) {
     long long t0 = now_ns(CLOCK_MONOTONIC);

@@ -23,13 +23,13 @@
 
 static volatile unsigned long sink;
 
-__attribute__((noinline)) void burn(void) {
+__attribute__((noinline, noclone)) void burn(void) {
   unsigned long x = sink;
   for (unsigned long i = 0; i < 20000; i++) x = x * 6364136223846793005UL + 1442695040888963407UL;
   sink = x;
 }
 
-__attribute__((noinline)) void spin_pinned(long long deadline) {
+__attribute__((noinline, noclone)) void spin_pinned(long long deadline) {
   while (now_ns(CLOCK_MONOTONIC) < deadline) burn();
 }
 

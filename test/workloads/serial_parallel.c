@@ -30,17 +30,19 @@
 static volatile unsigned long sink;
 
 // About 20 us of integer work: the clock is read between calls.
-__attribute__((noinline)) void burn(void) {
+__attribute__((noinline, noclone)) void burn(void) {
   unsigned long x = sink;
   for (unsigned long i = 0; i < 20000; i++) x = x * 6364136223846793005UL + 1442695040888963407UL;
   sink = x;
 }
 
-__attribute__((noinline)) void serial_work(long long deadline) {
+// serial_work and parallel_work have identical bodies: no_icf keeps gcc's identical code folding
+// (-fipa-icf, on at -O2) from making them one function under one name.
+__attribute__((noinline, noclone, no_icf)) void serial_work(long long deadline) {
   while (now_ns(CLOCK_MONOTONIC) < deadline) burn();
 }
 
-__attribute__((noinline)) void parallel_work(long long deadline) {
+__attribute__((noinline, noclone, no_icf)) void parallel_work(long long deadline) {
   while (now_ns(CLOCK_MONOTONIC) < deadline) burn();
 }
 

@@ -1,8 +1,7 @@
 // A process that spends most of its CPU in the kernel: it reads /dev/zero in a loop from
 // read_zero_loop(), so its stacks are kernel frames (read_iter_zero, ...) above user frames.
-// The read(2) system call is issued inline (x86-64 `syscall`), not through libc's read(): glibc's
-// wrapper is a leaf without a frame pointer, and a frame-pointer walk from inside it skips its
-// caller, read_zero_loop.
+// The read(2) system call is issued inline (x86-64 `syscall`), not through libc's read(), so the
+// user stack of a sample in the kernel starts in read_zero_loop itself.
 //
 // usage: syscall_loop    prints "ready <pid>", loops until stdin closes (checked between reads
 //                        by a non-blocking poll).
@@ -14,7 +13,7 @@
 
 static char buf[1 << 16];
 
-__attribute__((noinline)) long read_zero_loop(int fd, int rounds) {
+__attribute__((noinline, noclone)) long read_zero_loop(int fd, int rounds) {
   long total = 0;
   for (int i = 0; i < rounds; i++) {
 #if defined(__x86_64__)

@@ -20,7 +20,7 @@
 
 static volatile unsigned long sink;
 
-__attribute__((noinline)) void short_work(void) {
+__attribute__((noinline, noclone)) void short_work(void) {
   unsigned long x = sink;
   for (unsigned long i = 0; i < 30000; i++) x = x * 6364136223846793005UL + 1442695040888963407UL;
   sink = x;

@@ -1,4 +1,5 @@
-// Helpers shared by the ground-truth workloads (C, built with clang: see CMakeLists.txt).
+// Helpers shared by the ground-truth workloads (C, built with gcc -O2 and its defaults, without
+// frame pointers: see CMakeLists.txt).
 #ifndef PARASCOPE_TEST_WORKLOADS_WORKLOAD_UTIL_H_
 #define PARASCOPE_TEST_WORKLOADS_WORKLOAD_UTIL_H_
 
@@ -7,9 +8,9 @@
 #include <time.h>
 #include <unistd.h>
 
-// A system call issued inline: glibc's wrappers are leaves without a frame pointer, and a
-// frame-pointer walk from inside one skips its caller, so waits are issued from the measured
-// function itself.
+// A system call issued inline, from the calling function itself: a wait issued this way has
+// the measured function as its innermost user frame, whatever the unwinder does with libc's
+// frames (workloads that test unwinding through libc call glibc's wrappers instead).
 __attribute__((always_inline)) static inline long raw_syscall4(long n, long a, long b, long c,
                                                                long d) {
 #if defined(__x86_64__)
