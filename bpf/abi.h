@@ -305,8 +305,7 @@ PS_STATIC_ASSERT(sizeof(struct ps_unwind_row) == 16, "ps_unwind_row layout");
 
 /* Table state of a mapping (ps_unwind_mapping.state). */
 #define PS_TABLE_READY 0    /* rows [first, first + count) of ps_unwind_rows */
-#define PS_TABLE_PENDING 1  /* being built: frame pointers meanwhile, counted */
-#define PS_TABLE_NONE 2     /* no CFI (JIT, anonymous, unreadable): frame pointers */
+#define PS_TABLE_NONE 1     /* no CFI (JIT, anonymous, unreadable, over budget): frame pointers */
 
 /* One executable mapping of a process: pc in [start, end) has ELF address pc - bias. */
 struct ps_unwind_mapping {

@@ -244,7 +244,7 @@ __attribute__((noinline)) int ps_unwind_frame(__u32 i) {
   __u64 lookup = w->exact ? pc : pc - 1;
 
   struct ps_unwind_row *row = 0;
-  __u32 no_table = PS_UNWIND_NO_TABLE_YET;
+  __u32 no_table = PS_UNWIND_NO_TABLE_YET; /* the process has no entry yet */
   if (w->has_proc) {
     int mi = ps_find_mapping_index(w->proc.first, w->proc.count, lookup);
     __u32 key = mi < 0 ? 0 : (__u32)mi;
@@ -258,8 +258,8 @@ __attribute__((noinline)) int ps_unwind_frame(__u32 i) {
       key = ri < 0 ? 0 : (__u32)ri;
       row = ri < 0 ? 0 : bpf_map_lookup_elem(&ps_unwind_rows, &key);
       no_table = PS_UNWIND_NO_TABLE_PC;
-    } else if (m->state == PS_TABLE_NONE) {
-      no_table = PS_UNWIND_NO_TABLE_PC;
+    } else {
+      no_table = PS_UNWIND_NO_TABLE_PC; /* PS_TABLE_NONE */
     }
   }
 

@@ -339,6 +339,10 @@ absl::Status UnwindTables::LoadProcess(uint32_t tgid, uint64_t start_ticks) {
   maps_->WriteMappings(*first, out);
   ps_unwind_proc proc{start_ticks, *first, n};
   absl::Status s = maps_->SetProcess(tgid, proc);
+  if (!s.ok() && processes_.size() > 0) {
+    SweepExited();  // the process map may be full of exited processes
+    s = maps_->SetProcess(tgid, proc);
+  }
   if (!s.ok()) {
     mappings_.Free(*first, n);
     for (Table* t : refs) Unref(t);
@@ -420,7 +424,10 @@ UnwindTableStats UnwindService::stats() const {
 }
 
 void UnwindService::Loop() {
-  constexpr int64_t kSweepNs = 2000000000;        // exited processes forgotten every 2 s
+  // Exited processes are forgotten every 10 s (one /proc/<tgid>/stat read each: ~100 reads a
+  // second with 1000 processes). A stale entry is harmless meanwhile: the walker checks the
+  // start time, and a new process with the pid replaces it on its first sample.
+  constexpr int64_t kSweepNs = 10000000000;
   constexpr int64_t kRefreshNs = 500000000;       // a process's maps re-read at most every 0.5 s
   int64_t last_sweep = MonotonicNowNs();
   std::vector<ps_unwind_event> batch;
