@@ -380,7 +380,7 @@ TEST_CASE("unwind: a live process's mappings point at tables that describe its c
   CHECK(absl::IsNotFound(tables.LoadProcess(0x3ffffff0)));
 }
 
-TEST_CASE("unwind: the row budget is never exceeded; unused tables are evicted LRU", "[unwind]") {
+TEST_CASE("unwind: the row budget is never exceeded, unused tables are evicted LRU first", "[unwind]") {
   // Another program (sleep: its own binary, libc, ld.so), which then exits: its tables become
   // unused. The pipe closes on exec, so its maps are read after the exec.
   int p[2];

@@ -16,9 +16,12 @@
 
 #include "workload_util.h"
 
-// Iterations of burn per unit: ~2.5 ms at gcc -O2, so a round (~10 ms) spans several sampling
-// periods and the 3:1 split cannot alias with them.
-#define UNIT 2000000UL
+/* Iterations of the leaf per unit are drawn afresh each round from [UNIT_MIN, UNIT_MIN +
+ * UNIT_SPAN) (~25-275 us a unit): rounds of random length, so the sampling period cannot alias
+ * with them (fixed rounds near a multiple of the period biased the shares by up to 0.06). Both
+ * callers use the same draw, which keeps their ratio exactly 3:1. */
+#define UNIT_MIN 20000UL
+#define UNIT_SPAN 200000UL
 
 static volatile unsigned long sink;
 
@@ -28,8 +31,8 @@ __attribute__((noinline, noclone)) unsigned long burn(unsigned long n) {
   return x;
 }
 
-__attribute__((noinline, noclone)) void spin_a(void) { sink = burn(3 * UNIT) + 1; }
-__attribute__((noinline, noclone)) void spin_b(void) { sink = burn(UNIT) + 2; }
+__attribute__((noinline, noclone)) void spin_a(unsigned long n) { sink = burn(3 * n) + 1; }
+__attribute__((noinline, noclone)) void spin_b(unsigned long n) { sink = burn(n) + 2; }
 
 int main(int argc, char** argv) {
   double seconds = argc > 1 ? atof(argv[1]) : 4.0;
@@ -39,9 +42,14 @@ int main(int argc, char** argv) {
   if (!fgets(line, sizeof(line), stdin)) return 1;
   long long cpu0 = now_ns(CLOCK_PROCESS_CPUTIME_ID);
   long long end = now_ns(CLOCK_MONOTONIC) + (long long)(seconds * 1e9);
+  unsigned long rng = 0x9e3779b97f4a7c15UL; /* xorshift64 */
   while (now_ns(CLOCK_MONOTONIC) < end) {
-    spin_a();
-    spin_b();
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    unsigned long n = UNIT_MIN + rng % UNIT_SPAN;
+    spin_a(n);
+    spin_b(n);
   }
   printf("done %lld\n", now_ns(CLOCK_PROCESS_CPUTIME_ID) - cpu0);
   fflush(stdout);

@@ -12,10 +12,9 @@
 // (unwind_ratio-stripped: no .symtab, no debug info) is the same code. The callers use the leaf's
 // result after the call, so the calls are real calls, not sibling calls (a `jmp` that would take
 // the caller off the stack); noinline/noclone keep each function a real function under its own
-// name (no .constprop/.isra clone). Each call lasts milliseconds (a round of both ~10 ms, several
-// sampling periods), so the 3:1 split cannot alias with the sampling period: with ~0.5 ms rounds,
-// 999 Hz sampling hit the same phase of the round for long stretches and measured shares were up
-// to 0.03 off.
+// name (no .constprop/.isra clone). Rounds have random lengths (below), so the 3:1 split cannot
+// alias with the sampling period: with fixed ~0.5 ms rounds, 999 Hz sampling hit the same phase
+// of the round for long stretches and measured shares were up to 0.03 off.
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -23,7 +22,12 @@
 
 #include "workload_util.h"
 
-#define UNIT 2000000UL /* iterations of shared_leaf per unit: ~2.5 ms */
+/* Iterations of the leaf per unit are drawn afresh each round from [UNIT_MIN, UNIT_MIN +
+ * UNIT_SPAN) (~25-275 us a unit): rounds of random length, so the sampling period cannot alias
+ * with them (fixed rounds near a multiple of the period biased the shares by up to 0.06). Both
+ * callers use the same draw, which keeps their ratio exactly 3:1. */
+#define UNIT_MIN 20000UL
+#define UNIT_SPAN 200000UL
 
 static volatile unsigned long sink;
 
@@ -33,8 +37,8 @@ __attribute__((noinline, noclone)) unsigned long shared_leaf(unsigned long n) {
   return x;
 }
 
-__attribute__((noinline, noclone)) void caller_a(void) { sink = shared_leaf(3 * UNIT) + 1; }
-__attribute__((noinline, noclone)) void caller_b(void) { sink = shared_leaf(UNIT) + 2; }
+__attribute__((noinline, noclone)) void caller_a(unsigned long n) { sink = shared_leaf(3 * n) + 1; }
+__attribute__((noinline, noclone)) void caller_b(unsigned long n) { sink = shared_leaf(n) + 2; }
 
 int main(int argc, char** argv) {
   double seconds = argc > 1 ? atof(argv[1]) : 4.0;
@@ -45,9 +49,14 @@ int main(int argc, char** argv) {
   long long cpu0 = now_ns(CLOCK_PROCESS_CPUTIME_ID);
   long long end = now_ns(CLOCK_MONOTONIC) + (long long)(seconds * 1e9);
   long rounds = 0;
+  unsigned long rng = 0x9e3779b97f4a7c15UL; /* xorshift64 */
   while (now_ns(CLOCK_MONOTONIC) < end) {
-    caller_a();
-    caller_b();
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    unsigned long n = UNIT_MIN + rng % UNIT_SPAN;
+    caller_a(n);
+    caller_b(n);
     rounds++;
   }
   printf("done cpu_ns=%lld rounds=%ld\n", now_ns(CLOCK_PROCESS_CPUTIME_ID) - cpu0, rounds);
