@@ -277,6 +277,7 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_FP_AT_CFA 1    /* saved at CFA + fp_offset */
 #define PS_FP_AT_SP 2     /* saved at SP + fp_offset (DW_CFA_expression DW_OP_breg<sp> N) */
 #define PS_FP_UNDEFINED 3 /* lost: the caller's FP is unknown (0) */
+#define PS_FP_AT_FP 4     /* saved at FP + fp_offset (DW_CFA_expression DW_OP_breg<fp> N) */
 
 /* Rule for the return address (ps_unwind_row.ra_rule). */
 #define PS_RA_AT_CFA 0    /* saved at CFA + ra_offset (x86-64: always CFA - 8) */
@@ -333,9 +334,11 @@ PS_STATIC_ASSERT(sizeof(struct ps_unwind_proc) == 16, "ps_unwind_proc layout");
 #define PS_NS_PER_TICK 10000000ULL
 
 /* Ring-buffer event (ps_unwind_events): the walker met a process without an entry, or a pc in
- * no known mapping (a library loaded since), so the daemon should (re)load its tables. */
+ * no known mapping (a library loaded since), or the process exec'ed (same tgid and start time,
+ * new image), so the daemon should (re)load its tables. */
 #define PS_UNWIND_EVENT_NEW_PROCESS 1
 #define PS_UNWIND_EVENT_UNKNOWN_PC 2
+#define PS_UNWIND_EVENT_EXEC 3 /* sched_process_exec: the old image's entry was deleted */
 struct ps_unwind_event {
   __u32 tgid;
   __u32 kind; /* PS_UNWIND_EVENT_* */

@@ -136,3 +136,23 @@ int ps_on_cpu_sample(struct bpf_perf_event_data *ctx) {
     ps_record(ctx, &ps_stacks1, &ps_oncpu1, &key, ctx->sample_period);
   return 0;
 }
+
+/* exec replaces a process's image but keeps its tgid and start time, so its unwind entry (the
+ * old image's mappings) is dropped here and the daemon asked to load the new one at once: the
+ * new executable and ld.so have tables before the process runs; libraries ld.so maps next are
+ * requested at their first pc. Runs in the exec'ing task (include/trace/events/sched.h). */
+static __always_inline int ps_on_exec(void) {
+  __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+  struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+  bpf_map_delete_elem(&ps_unwind_procs, &tgid);
+  if (ps_tgid_tracked(tgid))
+    ps_unwind_notify(tgid, BPF_CORE_READ(task, group_leader, start_boottime),
+                     PS_UNWIND_EVENT_EXEC);
+  return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(ps_process_exec_btf) { return ps_on_exec(); }
+
+SEC("raw_tp/sched_process_exec")
+int BPF_PROG(ps_process_exec_raw) { return ps_on_exec(); }

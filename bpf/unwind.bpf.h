@@ -44,7 +44,6 @@ struct {
 struct {
   __uint(type, BPF_MAP_TYPE_ARRAY);
   __uint(max_entries, PS_UNWIND_MAP_ENTRIES);
-  __uint(map_flags, BPF_F_MMAPABLE); /* written in place by the daemon */
   __type(key, __u32);
   __type(value, struct ps_unwind_mapping);
 } ps_unwind_maps SEC(".maps");
@@ -52,7 +51,6 @@ struct {
 struct {
   __uint(type, BPF_MAP_TYPE_ARRAY);
   __uint(max_entries, PS_UNWIND_ROW_ENTRIES); /* resized by the daemon: --unwind-table-bytes */
-  __uint(map_flags, BPF_F_MMAPABLE);
   __type(key, __u32);
   __type(value, struct ps_unwind_row);
 } ps_unwind_rows SEC(".maps");
@@ -291,13 +289,15 @@ __attribute__((noinline)) int ps_unwind_frame(__u32 i) {
       w->outcome = PS_UNWIND_READ_FAULT;
       return 0;
     }
-    if (row->fp_rule == PS_FP_AT_CFA || row->fp_rule == PS_FP_AT_SP) {
-      __u64 fp_addr = row->fp_rule == PS_FP_AT_SP ? sp + row->fp_offset : cfa + row->fp_offset;
+    __u8 fp_rule = row->fp_rule;
+    if (fp_rule == PS_FP_AT_CFA || fp_rule == PS_FP_AT_SP || fp_rule == PS_FP_AT_FP) {
+      __u64 fp_base = fp_rule == PS_FP_AT_SP ? sp : fp_rule == PS_FP_AT_FP ? fp : cfa;
+      __u64 fp_addr = fp_base + row->fp_offset;
       if (ps_read_user_u64(fp_addr, &next_fp)) {
         w->outcome = PS_UNWIND_READ_FAULT;
         return 0;
       }
-    } else if (row->fp_rule == PS_FP_UNDEFINED) {
+    } else if (fp_rule == PS_FP_UNDEFINED) {
       next_fp = 0;
     }
     __u32 signal = row->flags & PS_ROW_SIGNAL;

@@ -3,7 +3,9 @@
 #include <bpf/bpf.h>
 #include <bpf/btf.h>
 #include <bpf/libbpf.h>
+#include <linux/membarrier.h>
 #include <sched.h>
+#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -150,6 +152,9 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   }
   skel->rodata->ps_cfg_filter_tgid = options.tgids.empty() ? 0 : 1;
   skel->rodata->ps_cfg_parallelism = options.sched ? 1 : 0;
+  const bool exec_btf = HasBtfTracepoint("sched_process_exec");
+  bpf_program__set_autoload(skel->progs.ps_process_exec_btf, exec_btf);
+  bpf_program__set_autoload(skel->progs.ps_process_exec_raw, !exec_btf);
   if (int rc = oncpu_bpf::load(skel); rc) return LibbpfError(rc, "loading oncpu.bpf.o");
 
   void* ctl = mmap(nullptr, sysconf(_SC_PAGESIZE), PROT_READ | PROT_WRITE, MAP_SHARED,
@@ -186,6 +191,14 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
       }
       self->links_.push_back(link);
     }
+  }
+  {
+    bpf_program* p = exec_btf ? skel->progs.ps_process_exec_btf : skel->progs.ps_process_exec_raw;
+    bpf_link* link = bpf_program__attach(p);
+    if (link == nullptr) {
+      return LibbpfError(-errno, absl::StrCat("attaching ", bpf_program__name(p)));
+    }
+    self->links_.push_back(link);
   }
   if (self->sched_ != nullptr && options.offcpu) self->SeedSleepingThreads();
   for (size_t i = 0; i < self->events_.fds.size(); ++i) {
@@ -243,44 +256,73 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
 
 namespace {
 
-// The unwind maps of bpf/unwind.bpf.h: the two arrays are mmap'ed (BPF_F_MMAPABLE, Linux 5.5;
-// element i at i * round_up(value_size, 8), kernel/bpf/arraymap.c) and written in place; the
-// process hash is updated by syscall, which orders the array stores before it.
+// The unwind maps of bpf/unwind.bpf.h, written with BPF_MAP_UPDATE_BATCH (Linux 5.6; bpf(2),
+// kernel/bpf/syscall.c generic_map_update_batch): one system call per few thousand rows. The
+// arrays are not mmap'ed: a mapping of a BPF array is populated whole (remap_vmalloc_range),
+// which would count the entire row budget in the agent's RSS. The process hash is updated last,
+// so the walker never reaches rows or mappings before they are written.
 class BpfUnwindMaps : public unwind::UnwindMaps {
  public:
-  BpfUnwindMaps(int procs_fd, void* rows, uint32_t rows_cap, void* maps, uint32_t maps_cap)
+  BpfUnwindMaps(int procs_fd, int rows_fd, uint32_t rows_cap, int maps_fd, uint32_t maps_cap)
       : procs_fd_(procs_fd),
-        rows_(static_cast<ps_unwind_row*>(rows)),
+        rows_fd_(rows_fd),
         rows_cap_(rows_cap),
-        maps_(static_cast<ps_unwind_mapping*>(maps)),
+        maps_fd_(maps_fd),
         maps_cap_(maps_cap) {}
   uint32_t row_capacity() const override { return rows_cap_; }
   uint32_t mapping_capacity() const override { return maps_cap_; }
   void WriteRows(uint32_t first, absl::Span<const ps_unwind_row> rows) override {
-    std::memcpy(rows_ + first, rows.data(), rows.size() * sizeof(ps_unwind_row));
+    Write(rows_fd_, first, rows.data(), sizeof(ps_unwind_row), rows.size());
   }
   void WriteMappings(uint32_t first, absl::Span<const ps_unwind_mapping> maps) override {
-    std::memcpy(maps_ + first, maps.data(), maps.size() * sizeof(ps_unwind_mapping));
+    Write(maps_fd_, first, maps.data(), sizeof(ps_unwind_mapping), maps.size());
   }
   absl::Status SetProcess(uint32_t tgid, const ps_unwind_proc& proc) override {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
     if (bpf_map_update_elem(procs_fd_, &tgid, &proc, BPF_ANY) != 0) {
       return ErrnoStatus(errno, "updating ps_unwind_procs");
     }
     return absl::OkStatus();
   }
   void DeleteProcess(uint32_t tgid) override { bpf_map_delete_elem(procs_fd_, &tgid); }
+  // BPF programs run under rcu_read_lock (kernel/events/core.c bpf_overflow_handler,
+  // kernel/trace/bpf_trace.c __bpf_trace_run), so an RCU grace period waits them out:
+  // membarrier(MEMBARRIER_CMD_GLOBAL) is synchronize_rcu() (kernel/sched/membarrier.c;
+  // man 2 membarrier). It fails on nohz_full kernels: then sleep past any program's run.
+  void Synchronize() override {
+    if (syscall(__NR_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) != 0) {
+      usleep(100000);
+    }
+  }
 
  private:
+  // Writes n elements of `size` bytes at index first.., in batches; element by element where
+  // the kernel lacks batch updates.
+  static void Write(int fd, uint32_t first, const void* data, size_t size, size_t n) {
+    constexpr size_t kBatch = 4096;
+    std::vector<uint32_t> keys;
+    const auto* bytes = static_cast<const uint8_t*>(data);
+    for (size_t done = 0; done < n;) {
+      uint32_t count = static_cast<uint32_t>(std::min(kBatch, n - done));
+      keys.resize(count);
+      for (uint32_t i = 0; i < count; ++i) keys[i] = first + static_cast<uint32_t>(done) + i;
+      uint32_t written = count;
+      if (bpf_map_update_batch(fd, keys.data(), bytes + done * size, &written, nullptr) != 0) {
+        for (uint32_t i = 0; i < count; ++i) {
+          bpf_map_update_elem(fd, &keys[i], bytes + (done + i) * size, BPF_ANY);
+        }
+      }
+      done += count;
+    }
+  }
+
   int procs_fd_;
-  ps_unwind_row* rows_;
+  int rows_fd_;
   uint32_t rows_cap_;
-  ps_unwind_mapping* maps_;
+  int maps_fd_;
   uint32_t maps_cap_;
 };
 
-static_assert(sizeof(ps_unwind_row) % 8 == 0 && sizeof(ps_unwind_mapping) % 8 == 0,
-              "array elements are value_size rounded up to 8: no padding between them");
+
 
 int OnUnwindEvent(void* ctx, void* data, size_t size) {
   if (size >= sizeof(ps_unwind_event)) {
@@ -294,17 +336,6 @@ int OnUnwindEvent(void* ctx, void* data, size_t size) {
 }  // namespace
 
 absl::Status BpfPrograms::StartUnwinder(const Options& options) {
-  auto map_array = [](bpf_map* m, void** mem, size_t* len) -> absl::Status {
-    const size_t page = sysconf(_SC_PAGESIZE);
-    *len = (static_cast<size_t>(bpf_map__max_entries(m)) * bpf_map__value_size(m) + page - 1) /
-           page * page;
-    void* p = mmap(nullptr, *len, PROT_READ | PROT_WRITE, MAP_SHARED, bpf_map__fd(m), 0);
-    if (p == MAP_FAILED) return ErrnoStatus(errno, absl::StrCat("mmap ", bpf_map__name(m)));
-    *mem = p;
-    return absl::OkStatus();
-  };
-  PS_RETURN_IF_ERROR(map_array(oncpu_->maps.ps_unwind_rows, &unwind_rows_mem_, &unwind_rows_len_));
-  PS_RETURN_IF_ERROR(map_array(oncpu_->maps.ps_unwind_maps, &unwind_maps_mem_, &unwind_maps_len_));
   // The ring buffer's callback reaches the current handler through this slot.
   auto* slot = new const std::function<void(const ps_unwind_event&)>*(nullptr);
   unwind_events_slot_.reset(slot);
@@ -313,8 +344,8 @@ absl::Status BpfPrograms::StartUnwinder(const Options& options) {
   if (unwind_events_ == nullptr) return LibbpfError(-errno, "opening the unwind ring buffer");
   ring_buffer* rb = unwind_events_;
   auto maps = std::make_unique<BpfUnwindMaps>(
-      bpf_map__fd(oncpu_->maps.ps_unwind_procs), unwind_rows_mem_,
-      bpf_map__max_entries(oncpu_->maps.ps_unwind_rows), unwind_maps_mem_,
+      bpf_map__fd(oncpu_->maps.ps_unwind_procs), bpf_map__fd(oncpu_->maps.ps_unwind_rows),
+      bpf_map__max_entries(oncpu_->maps.ps_unwind_rows), bpf_map__fd(oncpu_->maps.ps_unwind_maps),
       bpf_map__max_entries(oncpu_->maps.ps_unwind_maps));
   unwinder_ = std::make_unique<unwind::UnwindService>(
       std::move(maps),
@@ -367,8 +398,6 @@ BpfPrograms::~BpfPrograms() {
   if (unwinder_ != nullptr) unwinder_->Stop();
   unwinder_.reset();
   if (unwind_events_ != nullptr) ring_buffer__free(unwind_events_);
-  if (unwind_rows_mem_ != nullptr) munmap(unwind_rows_mem_, unwind_rows_len_);
-  if (unwind_maps_mem_ != nullptr) munmap(unwind_maps_mem_, unwind_maps_len_);
   if (control_ != nullptr) munmap(control_, sysconf(_SC_PAGESIZE));
   if (sched_ != nullptr) sched_bpf::destroy(sched_);
   if (oncpu_ != nullptr) oncpu_bpf::destroy(oncpu_);
@@ -618,7 +647,9 @@ void BpfPrograms::ScanCpus(int64_t prev_ws, int64_t ws,
 
 std::vector<BpfPrograms::ProgramStats> BpfPrograms::ProgramRunTimes() const {
   std::vector<ProgramStats> out;
-  std::vector<const bpf_program*> progs = {oncpu_->progs.ps_on_cpu_sample};
+  std::vector<const bpf_program*> progs = {oncpu_->progs.ps_on_cpu_sample,
+                                           oncpu_->progs.ps_process_exec_btf,
+                                           oncpu_->progs.ps_process_exec_raw};
   if (sched_ != nullptr) {
     progs.insert(progs.end(), {sched_->progs.ps_sched_switch_btf, sched_->progs.ps_sched_switch_raw,
                                sched_->progs.ps_process_exit_btf,

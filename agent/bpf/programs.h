@@ -119,17 +119,13 @@ class BpfPrograms : public WindowSource {
   void ResolveStacks(uint64_t kernel_stack, int32_t kernel_err, uint64_t user_stack,
                      int32_t user_err, StackPair* pair);
 
-  // Maps the unwind arrays, loads the unwind tables of the processes to profile and starts the
+  // Loads the unwind tables of the processes to profile and starts the
   // table service (before the sampler is attached, so their first samples unwind).
   absl::Status StartUnwinder(const Options& options);
 
   std::unique_ptr<unwind::UnwindService> unwinder_;
   struct ring_buffer* unwind_events_ = nullptr;
   std::unique_ptr<const std::function<void(const ps_unwind_event&)>*> unwind_events_slot_;
-  void* unwind_rows_mem_ = nullptr;
-  size_t unwind_rows_len_ = 0;
-  void* unwind_maps_mem_ = nullptr;
-  size_t unwind_maps_len_ = 0;
   oncpu_bpf* oncpu_ = nullptr;
   sched_bpf* sched_ = nullptr;
   std::string sched_kind_;

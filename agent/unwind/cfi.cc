@@ -198,9 +198,12 @@ class Builder {
       if (r.failed() || length > sec.data.size() - body) return;
       const size_t next = body + length;
       const size_t id_pos = r.pos();
-      uint64_t id = r.Fixed(is64 ? 8 : 4);
+      // .eh_frame's CIE id / pointer is 4 bytes even after a 64-bit length (LSB "Exception
+      // Frames"); .debug_frame's follows the DWARF format (8 bytes in 64-bit DWARF).
+      const bool id64 = is64 && sec.debug_frame;
+      uint64_t id = r.Fixed(id64 ? 8 : 4);
       const bool is_cie =
-          sec.debug_frame ? id == (is64 ? ~uint64_t{0} : uint64_t{0xffffffffu}) : id == 0;
+          sec.debug_frame ? id == (id64 ? ~uint64_t{0} : uint64_t{0xffffffffu}) : id == 0;
       if (!is_cie && !r.failed()) {
         if (!sec.debug_frame && id > id_pos) {
           ++stats_->fdes;
@@ -229,7 +232,7 @@ class Builder {
     const size_t body = r.pos();
     if (r.failed() || length > sec.data.size() - body) return c;
     const size_t end = body + length;
-    r.Fixed(is64 ? 8 : 4);  // CIE id
+    r.Fixed(is64 && sec.debug_frame ? 8 : 4);  // CIE id
     uint8_t version = r.U8();
     std::string aug = r.CString();
     if (aug.find("eh") != std::string::npos) r.Fixed(8);  // obsolete GCC eh_ptr
@@ -560,9 +563,11 @@ class Builder {
         uint64_t reg;
         int64_t off;
         size_t used;
-        if (Breg(st.fp.expr, &reg, &off, &used) && reg == sp && used == st.fp.expr.size() &&
-            off >= INT16_MIN && off <= INT16_MAX) {
-          row.fp_rule = PS_FP_AT_SP;
+        if (Breg(st.fp.expr, &reg, &off, &used) && (reg == sp || reg == fp) &&
+            used == st.fp.expr.size() && off >= INT16_MIN && off <= INT16_MAX) {
+          // breg<sp>: signal frames; breg<fp>: GCC's realigned (DRAP) frames, rbp saved at
+          // rbp + 0 after push %rbp; mov %rsp,%rbp on the aligned stack.
+          row.fp_rule = reg == sp ? PS_FP_AT_SP : PS_FP_AT_FP;
           row.fp_offset = static_cast<int16_t>(off);
           break;
         }
@@ -635,7 +640,7 @@ absl::StatusOr<UnwindTable> FromElf(Elf* elf, const CfiArch& arch) {
     for (size_t i = 0; i < phnum; ++i) {
       GElf_Phdr ph;
       if (gelf_getphdr(elf, static_cast<int>(i), &ph) == nullptr || ph.p_type != PT_LOAD) continue;
-      t->loads.push_back({ph.p_offset, ph.p_filesz, ph.p_vaddr});
+      t->loads.push_back({ph.p_offset, ph.p_filesz, ph.p_vaddr, (ph.p_flags & PF_X) != 0});
     }
   }
   // NT_GNU_BUILD_ID (binutils include/elf/common.h: type 3, owner "GNU").

@@ -52,17 +52,24 @@ struct UnwindTable {
   std::string build_id;
   struct Segment {
     uint64_t offset = 0, filesz = 0, vaddr = 0;
+    bool exec = false;  // PF_X
   };
   std::vector<Segment> loads;
-  // ELF address of file offset `offset` (PT_LOAD: offset - p_offset + p_vaddr), or false.
-  bool OffsetToVaddr(uint64_t offset, uint64_t* vaddr) const {
+  // Load bias of an executable mapping of this file: [start, start + len) maps file offsets from
+  // `offset` (page-aligned, /proc/<pid>/maps), and runtime pc - bias is the pc's ELF address.
+  // Computed from the PF_X PT_LOAD whose file range overlaps the mapping (ELF gABI "Program
+  // Header": vaddr = file offset - p_offset + p_vaddr), not from the segment holding `offset`
+  // itself: linkers that pack segments into shared pages (lld, gold) put the end of a read-only
+  // segment in the executable mapping's first page. False when no segment overlaps.
+  bool MappingBias(uint64_t start, uint64_t len, uint64_t offset, uint64_t* bias) const {
+    const Segment* best = nullptr;
     for (const Segment& s : loads) {
-      if (offset >= s.offset && offset < s.offset + s.filesz) {
-        *vaddr = offset - s.offset + s.vaddr;
-        return true;
-      }
+      if (s.filesz == 0 || s.offset >= offset + len || s.offset + s.filesz <= offset) continue;
+      if (best == nullptr || (s.exec && !best->exec)) best = &s;
     }
-    return false;
+    if (best == nullptr) return false;
+    *bias = start - offset + best->offset - best->vaddr;
+    return true;
   }
   size_t bytes() const { return rows.size() * sizeof(ps_unwind_row); }
 };

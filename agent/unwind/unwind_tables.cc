@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -108,31 +109,43 @@ UnwindTableStats UnwindTables::stats() const {
 }
 
 void UnwindTables::Quarantine(bool rows, uint32_t first, uint32_t n) {
-  if (n > 0) quarantine_.push_back({rows, first, n, NowNs()});
+  if (n == 0) return;
+  quarantine_.push_back({rows, first, n, NowNs()});
+  if (rows) quarantined_rows_ += n;
 }
 
 void UnwindTables::ReleaseQuarantine(int64_t now_ns, int64_t quarantine_ns) {
   while (!quarantine_.empty() && now_ns - quarantine_.front().since_ns >= quarantine_ns) {
     const Quarantined& q = quarantine_.front();
     (q.rows ? rows_ : mappings_).Free(q.first, q.n);
+    if (q.rows) quarantined_rows_ -= q.n;
     quarantine_.pop_front();
   }
 }
 
 bool UnwindTables::MakeRoom(uint32_t rows) {
   while (rows_.largest_free() < rows) {
-    Table* victim = nullptr;
-    for (auto& [key, t] : tables_) {
-      if (t->refs == 0 && (victim == nullptr || t->last_used < victim->last_used)) {
-        victim = t.get();
+    // Evict unused tables, least recently used first, until the free rows plus those waiting
+    // for readers to finish could hold the table; then wait for a grace period and free them.
+    // Fragmentation can make that not enough: then the loop goes on.
+    while (rows_.free_count() + quarantined_rows_ < rows ||
+           (quarantined_rows_ == 0 && rows_.largest_free() < rows)) {
+      Table* victim = nullptr;
+      for (auto& [key, t] : tables_) {
+        if (t->refs == 0 && (victim == nullptr || t->last_used < victim->last_used)) {
+          victim = t.get();
+        }
       }
+      if (victim == nullptr) break;
+      for (const std::string& id : victim->identities) identity_to_key_.erase(id);
+      Quarantine(true, victim->first, victim->count);
+      stats_.table_bytes -= uint64_t{victim->count} * sizeof(ps_unwind_row);
+      ++stats_.tables_evicted;
+      tables_.erase(victim->key);
     }
-    if (victim == nullptr) return false;
-    for (const std::string& id : victim->identities) identity_to_key_.erase(id);
-    Quarantine(true, victim->first, victim->count);
-    stats_.table_bytes -= uint64_t{victim->count} * sizeof(ps_unwind_row);
-    ++stats_.tables_evicted;
-    tables_.erase(victim->key);
+    if (quarantined_rows_ == 0) return false;  // nothing left to free
+    maps_->Synchronize();
+    ReleaseQuarantine(INT64_MAX, 0);
   }
   return true;
 }
@@ -143,6 +156,7 @@ UnwindTables::Table* UnwindTables::Insert(const std::string& key, UnwindTable&& 
   if (!first && MakeRoom(n)) first = rows_.Allocate(n);
   if (!first) {
     ++stats_.budget_full;
+    budget_failed_ = true;
     static RateLimitedLog log;
     log.Log(LogLevel::kWarning,
             "unwind: no room for a table of %d rows (budget %d bytes, in use %d): raise "
@@ -254,6 +268,11 @@ UnwindTables::Table* UnwindTables::TableFor(uint32_t tgid, const proc::MapEntry&
     table = Insert(key, *std::move(t));
     if (table == nullptr) return nullptr;
   }
+  if (identity_to_key_.size() >= 65536) {
+    // A cache: files seen again are reopened and find their table by build id.
+    identity_to_key_.clear();
+    for (auto& [k, t] : tables_) t->identities.clear();
+  }
   identity_to_key_[identity] = key;
   table->identities.push_back(identity);
   return table;
@@ -274,7 +293,10 @@ absl::Status UnwindTables::LoadProcess(uint32_t tgid, uint64_t start_ticks) {
   absl::StatusOr<uint64_t> ticks = StartTicks(proc_root_, tgid);
   auto gone = [&](absl::Status s) {
     ++stats_.process_gone;
-    if (auto it = processes_.find(tgid); it != processes_.end()) {
+    // Forget the entry only if it is not the live process's (a stale event for an old one).
+    absl::StatusOr<uint64_t> now_ticks = StartTicks(proc_root_, tgid);
+    if (auto it = processes_.find(tgid);
+        it != processes_.end() && (!now_ticks.ok() || *now_ticks != it->second.start_ticks)) {
       DropProcess(tgid, it->second);
       processes_.erase(it);
     }
@@ -292,6 +314,7 @@ absl::Status UnwindTables::LoadProcess(uint32_t tgid, uint64_t start_ticks) {
 
   std::vector<ps_unwind_mapping> out;
   std::vector<Table*> refs;
+  budget_failed_ = false;
   for (const proc::MapEntry& m : entries) {
     if (!m.executable()) continue;
     if (out.size() >= PS_UNWIND_MAX_MAPPINGS) {
@@ -303,12 +326,11 @@ absl::Status UnwindTables::LoadProcess(uint32_t tgid, uint64_t start_ticks) {
     um.end = m.end;
     um.state = PS_TABLE_NONE;
     if (Table* t = TableFor(tgid, m)) {
-      // ELF address of the mapping's first byte: its file offset through PT_LOAD.
-      uint64_t vaddr;
+      uint64_t bias;
       UnwindTable probe;
       probe.loads = t->loads;
-      if (probe.OffsetToVaddr(m.offset, &vaddr)) {
-        um.bias = m.start - vaddr;
+      if (probe.MappingBias(m.start, m.end - m.start, m.offset, &bias)) {
+        um.bias = bias;
         um.first = t->first;
         um.count = t->count;
         um.state = PS_TABLE_READY;
@@ -339,7 +361,8 @@ absl::Status UnwindTables::LoadProcess(uint32_t tgid, uint64_t start_ticks) {
   maps_->WriteMappings(*first, out);
   ps_unwind_proc proc{start_ticks, *first, n};
   absl::Status s = maps_->SetProcess(tgid, proc);
-  if (!s.ok() && processes_.size() > 0) {
+  if (!s.ok() && !processes_.contains(tgid) && NowNs() - last_full_sweep_ns_ >= 10000000000) {
+    last_full_sweep_ns_ = NowNs();
     SweepExited();  // the process map may be full of exited processes
     s = maps_->SetProcess(tgid, proc);
   }
@@ -358,8 +381,19 @@ absl::Status UnwindTables::LoadProcess(uint32_t tgid, uint64_t start_ticks) {
   p.map_count = n;
   p.tables = std::move(refs);
   p.last_refresh_ns = NowNs();
+  p.incomplete = budget_failed_;
   ++stats_.process_loads;
   return absl::OkStatus();
+}
+
+void UnwindTables::RetryIncomplete(int64_t now_ns, int64_t min_interval_ns) {
+  std::vector<std::pair<uint32_t, uint64_t>> todo;
+  for (const auto& [tgid, p] : processes_) {
+    if (p.incomplete && now_ns - p.last_refresh_ns >= min_interval_ns) {
+      todo.emplace_back(tgid, p.start_ticks);
+    }
+  }
+  for (const auto& [tgid, ticks] : todo) (void)LoadProcess(tgid, ticks);
 }
 
 absl::Status UnwindTables::RefreshProcess(uint32_t tgid, uint64_t start_ticks, int64_t now_ns,
@@ -389,7 +423,12 @@ void UnwindTables::LoadAll() {
   for (const auto& e : std::filesystem::directory_iterator(proc_root_, ec)) {
     uint32_t tgid;
     if (!absl::SimpleAtoi(e.path().filename().string(), &tgid) || tgid == 0) continue;
-    (void)LoadProcess(tgid);  // kernel threads have no executable mapping: an empty list
+    // Kernel threads have no executable mapping: an empty list.
+    absl::Status s = LoadProcess(tgid);
+    if (absl::IsResourceExhausted(s) || (!s.ok() && !absl::IsNotFound(s) &&
+                                        processes_.size() >= maps_->process_capacity())) {
+      break;  // the process map or the mapping slots are full: the rest load on demand
+    }
   }
 }
 
@@ -428,7 +467,7 @@ void UnwindService::Loop() {
   // second with 1000 processes). A stale entry is harmless meanwhile: the walker checks the
   // start time, and a new process with the pid replaces it on its first sample.
   constexpr int64_t kSweepNs = 10000000000;
-  constexpr int64_t kRefreshNs = 500000000;       // a process's maps re-read at most every 0.5 s
+  constexpr int64_t kRefreshNs = 200000000;       // a process's maps re-read at most every 0.2 s
   int64_t last_sweep = MonotonicNowNs();
   std::vector<ps_unwind_event> batch;
   while (!stop_) {
@@ -438,17 +477,30 @@ void UnwindService::Loop() {
       static RateLimitedLog log;
       log.Log(LogLevel::kWarning, "unwind: polling the table requests failed: %s",
               std::strerror(-rc));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     std::lock_guard<std::mutex> l(mu_);
     const int64_t now = MonotonicNowNs();
     for (const ps_unwind_event& e : batch) {
       uint64_t ticks = e.tgid_start_ns / PS_NS_PER_TICK;
       if (e.kind == PS_UNWIND_EVENT_NEW_PROCESS && tables_.Known(e.tgid, ticks)) continue;
-      (void)tables_.RefreshProcess(e.tgid, ticks, now, kRefreshNs);
+      if (auto it = retry_after_.find(e.tgid); it != retry_after_.end()) {
+        if (now < it->second && e.kind != PS_UNWIND_EVENT_EXEC) continue;
+        retry_after_.erase(it);
+      }
+      // After an exec the old image's mappings are wrong: reload whatever the rate.
+      absl::Status s = e.kind == PS_UNWIND_EVENT_EXEC
+                           ? tables_.LoadProcess(e.tgid, ticks)
+                           : tables_.RefreshProcess(e.tgid, ticks, now, kRefreshNs);
+      if (!s.ok()) {
+        if (retry_after_.size() >= 65536) retry_after_.clear();
+        retry_after_[e.tgid] = now + kRefreshNs * 2;  // a failed load is retried after 1 s
+      }
     }
     tables_.ReleaseQuarantine(now);
     if (now - last_sweep >= kSweepNs) {
       tables_.SweepExited();
+      tables_.RetryIncomplete(now, kSweepNs);
       last_sweep = now;
     }
   }

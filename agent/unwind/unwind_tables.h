@@ -39,11 +39,15 @@ class UnwindMaps {
   virtual ~UnwindMaps() = default;
   virtual uint32_t row_capacity() const = 0;
   virtual uint32_t mapping_capacity() const = 0;
-  // Writes rows/mappings at [first, first + n). Visible to BPF before a later SetProcess returns.
+  virtual uint32_t process_capacity() const { return PS_UNWIND_PROC_ENTRIES; }
+  // Writes rows/mappings at [first, first + n), visible to BPF when the call returns.
   virtual void WriteRows(uint32_t first, absl::Span<const ps_unwind_row> rows) = 0;
   virtual void WriteMappings(uint32_t first, absl::Span<const ps_unwind_mapping> maps) = 0;
   virtual absl::Status SetProcess(uint32_t tgid, const ps_unwind_proc& proc) = 0;
   virtual void DeleteProcess(uint32_t tgid) = 0;
+  // Returns once no BPF program still runs that could have read an entry before it was
+  // unlinked (an RCU grace period: BPF programs run under rcu_read_lock). Fakes return at once.
+  virtual void Synchronize() {}
 };
 
 // First-fit allocator of index ranges in [0, capacity), coalescing on free.
@@ -94,8 +98,11 @@ class UnwindTables {
                               int64_t min_interval_ns);
   // Forgets processes whose /proc/<tgid>/stat is gone or has another start time.
   void SweepExited();
-  // Loads every process under proc_root (at start).
+  // Loads every process under proc_root (at start), until the process map is full.
   void LoadAll();
+  // Reloads processes some of whose files got no table for lack of room, at most once per
+  // `min_interval_ns` each (room may have been freed since).
+  void RetryIncomplete(int64_t now_ns, int64_t min_interval_ns);
   // Releases ranges freed at least `quarantine_ns` ago: no BPF program still reads them (a
   // program runs for microseconds, non-preemptibly).
   void ReleaseQuarantine(int64_t now_ns, int64_t quarantine_ns = 1000000000);
@@ -120,6 +127,7 @@ class UnwindTables {
     uint32_t map_first = 0, map_count = 0;
     std::vector<Table*> tables;  // one ref each
     int64_t last_refresh_ns = 0;
+    bool incomplete = false;     // a file got no table for lack of room
   };
 
   // The table of the file behind mapping `m` of `tgid`, building it on first sight; nullptr when
@@ -146,6 +154,9 @@ class UnwindTables {
     int64_t since_ns;
   };
   std::deque<Quarantined> quarantine_;
+  uint64_t quarantined_rows_ = 0;
+  bool budget_failed_ = false;  // set by Insert when the budget had no room
+  int64_t last_full_sweep_ns_ = 0;
   uint64_t seq_ = 0;
   UnwindTableStats stats_;
 };
@@ -176,6 +187,8 @@ class UnwindService {
   UnwindTables tables_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
+  // Processes whose load failed, not retried before the time (monotonic ns) given.
+  absl::flat_hash_map<uint32_t, int64_t> retry_after_;
 };
 
 }  // namespace parascope::unwind

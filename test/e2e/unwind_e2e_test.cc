@@ -397,6 +397,56 @@ TEST_CASE("unwind e2e: callers of a shared leaf get 0.75/0.25 and every stack re
   s.Finish();
 }
 
+// Tables on demand: a process that starts after the agent is unknown to it until its first
+// sample asks for its tables (the ring buffer, bpf/unwind.bpf.h ps_unwind_notify); only the
+// samples before they are loaded (milliseconds) unwind with frame pointers.
+TEST_CASE("unwind e2e: a process started after the agent unwinds fully from its first samples",
+          "[root][e2e]") {
+  if (!RequireRoot()) return;
+  TempDir out;
+  Child agent({PS_AGENT_BIN, "--profiles=cpu", "--sampling-frequency=999", "--duration=9s",
+               "--output-dir=" + out.path()});
+  std::string line;
+  REQUIRE(agent.WaitForStderr("attached:", &line));
+  Child work({Workload("unwind_ratio"), "4"});
+  REQUIRE(work.ReadStdoutLine(&line));
+  REQUIRE(absl::StartsWith(line, "ready "));
+  const int pid = std::stoi(line.substr(6));
+  work.WriteStdin("go\n");
+  REQUIRE(work.ReadStdoutLine(&line, 30));
+  REQUIRE(absl::StartsWith(line, "done "));
+  const bool agent_ran_through_phase = agent.Running();
+  int status = agent.Wait(120);
+  INFO("agent stderr:\n" << agent.stderr_text());
+  REQUIRE(agent_ran_through_phase);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  int64_t total = 0, with_a = 0;
+  Tally main_reached;
+  for (const RawProfile& p : LoadProfiles(out.path(), pid, "process_cpu-")) {
+    int cpu = p.ValueIndex("cpu");
+    for (const auto& x : p.samples) {
+      std::vector<Frame> u = UserFrames(p, x);
+      if (!HasFunction(u, "caller_a") && !HasFunction(u, "caller_b") &&
+          !HasFunction(u, "shared_leaf")) {
+        continue;  // start-up and idle samples
+      }
+      total += x.values[cpu];
+      if (HasFunction(u, "caller_a")) with_a += x.values[cpu];
+      main_reached.Add(p, x, x.values[0], HasFunction(u, "main"));
+    }
+  }
+  FIGURES("unwind_ratio started after the agent: " << main_reached.of << " samples; caller_a "
+                                                   << Ratio(with_a, total) << "; reaching main "
+                                                   << main_reached.share() << "; not:"
+                                                   << main_reached.BadExamples());
+  REQUIRE(main_reached.of > 1500);
+  CHECK(Ratio(with_a, total) == Approx(0.75).margin(0.03));
+  CHECK(main_reached.share() >= 0.99);
+  work.CloseStdin();
+  CHECK(work.Wait(10) == 0);
+}
+
 // Acceptance 2: a comparator called back from libc's bsearch.
 TEST_CASE("unwind e2e: a bsearch comparator's stacks run through libc to the caller and main",
           "[root][e2e]") {
