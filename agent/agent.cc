@@ -179,6 +179,9 @@ class AgentMetrics {
     unwind_scalar(MetricType::kCounter, "parascope_unwind_tables_evicted_total",
                   "Unwind tables no live process used, evicted to make room (LRU).",
                   [](const auto& s) { return static_cast<double>(s.tables_evicted); });
+    unwind_scalar(MetricType::kCounter, "parascope_unwind_process_loads_total",
+                  "Mapping lists written for processes (first loads, exec, new libraries).",
+                  [](const auto& s) { return static_cast<double>(s.process_loads); });
     unwind_scalar(MetricType::kCounter, "parascope_unwind_table_build_seconds_total",
                   "Time spent building unwind tables, in seconds.",
                   [](const auto& s) { return s.build_ns / 1e9; });
