@@ -553,8 +553,12 @@ TEST_CASE("sched e2e: thread churn leaves no per-thread state behind", "[root][e
   if (!RequireRoot()) return;
   TempDir out;
   Session s;
+  // 199 Hz: the workload uses ~0.4% of a CPU (200 short threads a second), which at the default
+  // 19 Hz gives ~5 on-CPU samples in 60 s, and no process_cpu/latency profile at all in ~1% of
+  // runs (seen once on a fresh machine).
   RunSession(&s, {std::string(PS_WORKLOAD_DIR) + "/thread_churn", "60"},
-             {"--duration=64s", "--collect-interval=5s"}, out.path(), 90);
+             {"--duration=64s", "--collect-interval=5s", "--sampling-frequency=199"}, out.path(),
+             90);
   const int64_t threads = s.Done("threads");
   uint64_t states = StoppedStat(s.agent_log, "thread_states");
   uint64_t states_max = StoppedStat(s.agent_log, "thread_states_max");
