@@ -62,6 +62,11 @@ struct UnwindTable {
   // itself: linkers that pack segments into shared pages (lld, gold) put the end of a read-only
   // segment in the executable mapping's first page. False when no segment overlaps.
   bool MappingBias(uint64_t start, uint64_t len, uint64_t offset, uint64_t* bias) const {
+    return MappingBias(loads, start, len, offset, bias);
+  }
+  // The same over a table's segments kept elsewhere (agent/unwind/unwind_tables.h).
+  static bool MappingBias(const std::vector<Segment>& loads, uint64_t start, uint64_t len,
+                          uint64_t offset, uint64_t* bias) {
     const Segment* best = nullptr;
     for (const Segment& s : loads) {
       if (s.filesz == 0 || s.offset >= offset + len || s.offset + s.filesz <= offset) continue;

@@ -327,9 +327,7 @@ absl::Status UnwindTables::LoadProcess(uint32_t tgid, uint64_t start_ticks) {
     um.state = PS_TABLE_NONE;
     if (Table* t = TableFor(tgid, m)) {
       uint64_t bias;
-      UnwindTable probe;
-      probe.loads = t->loads;
-      if (probe.MappingBias(m.start, m.end - m.start, m.offset, &bias)) {
+      if (UnwindTable::MappingBias(t->loads, m.start, m.end - m.start, m.offset, &bias)) {
         um.bias = bias;
         um.first = t->first;
         um.count = t->count;
