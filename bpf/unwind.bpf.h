@@ -198,9 +198,6 @@ struct ps_unwind_state {
   __u32 exact;    /* pc is exact (leaf, or after a signal frame), not a return address */
   __u32 outcome;  /* PS_UNWIND_* once done */
   __u32 has_proc;
-  __s32 last_map; /* ps_unwind_maps index of the previous frame's mapping, -1 if none: most
-                     callers are in the same file as their callee, so it is tried first */
-  __u32 pad;
   struct ps_unwind_proc proc;
   struct ps_stack st;
   __u64 guard; /* st.ips[PS_MAX_STACK_DEPTH]: lets the index be masked for the verifier */
@@ -247,20 +244,9 @@ __attribute__((noinline)) int ps_unwind_frame(__u32 i) {
   struct ps_unwind_row *row = 0;
   __u32 no_table = PS_UNWIND_NO_TABLE_YET; /* the process has no entry yet */
   if (w->has_proc) {
-    struct ps_unwind_mapping *m = 0;
-    __u32 key;
-    if (w->last_map >= 0) {
-      key = (__u32)w->last_map;
-      m = bpf_map_lookup_elem(&ps_unwind_maps, &key);
-      if (m && (lookup < m->start || lookup >= m->end))
-        m = 0;
-    }
-    if (!m) {
-      int mi = ps_find_mapping_index(w->proc.first, w->proc.count, lookup);
-      key = mi < 0 ? 0 : (__u32)mi;
-      m = mi < 0 ? 0 : bpf_map_lookup_elem(&ps_unwind_maps, &key);
-      w->last_map = m ? mi : -1;
-    }
+    int mi = ps_find_mapping_index(w->proc.first, w->proc.count, lookup);
+    __u32 key = mi < 0 ? 0 : (__u32)mi;
+    struct ps_unwind_mapping *m = mi < 0 ? 0 : bpf_map_lookup_elem(&ps_unwind_maps, &key);
     if (!m) {
       /* Mapped since the daemon read the process's maps (dlopen), or junk. */
       ps_unwind_notify(w->tgid, w->tgid_start_ns, PS_UNWIND_EVENT_UNKNOWN_PC);
@@ -369,7 +355,6 @@ static __always_inline struct ps_stack *ps_unwind_user(struct pt_regs *ctx_regs,
   w->st.len = 0;
   w->st.flags = 0;
   w->has_proc = 0;
-  w->last_map = -1;
   struct ps_unwind_proc *proc = bpf_map_lookup_elem(&ps_unwind_procs, &tgid);
   if (proc && proc->tgid_start_ticks == tgid_start_ns / PS_NS_PER_TICK) {
     w->proc = *proc;
