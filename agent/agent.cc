@@ -389,11 +389,12 @@ absl::Status RunAgent(const Config& config) {
   opts.min_offcpu_ns = absl::ToInt64Nanoseconds(config.off_cpu_min_duration);
   opts.offcpu_stack_rate = static_cast<uint32_t>(config.off_cpu_stack_rate);
   opts.unwind_table_bytes = static_cast<uint64_t>(config.unwind_table_bytes);
+  // Before the programs: the unwinder's thread snapshots processes into it from the first event.
+  proc::ProcessTable processes;
+  opts.processes = &processes;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<BpfPrograms> bpf, BpfPrograms::Create(opts));
   // Unix time of a monotonic instant: windows are cut on CLOCK_MONOTONIC (what BPF sees).
   const int64_t unix_minus_mono = RealtimeNowNs() - MonotonicNowNs();
-
-  proc::ProcessTable processes;
   symbolize::ElfCache elf_cache;
   StackSymbolizer symbolizer(&processes, &elf_cache, kallsyms.get());
   ProfileOptions popts;
@@ -576,7 +577,8 @@ absl::Status RunAgent(const Config& config) {
     summary.Print(std::cout, config.summary_processes, config.summary_functions);
     if (!config.output_dir.empty()) {
       std::cout << "\nprofiles written to " << config.output_dir
-                << "/<pid>/<type>-<t0 unix ms>.pb.gz (open with: pprof -top FILE)\n";
+                << "/<pid>/<start ticks>.<exec id>/<type>-<t0 unix ms>.pb.gz (open with: pprof -top "
+                   "FILE)\n";
     }
     std::cout.flush();
   }

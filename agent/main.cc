@@ -27,7 +27,8 @@ ABSL_FLAG(int32_t, off_cpu_stack_rate, 1000,
           "off-CPU stack captures per second per thread; above it stacks are sampled and "
           "weighted (0: capture at every switch-out)");
 ABSL_FLAG(std::string, output_dir, "",
-          "write DIR/<pid>/<profile>-<t0 unix ms>.pb.gz (gzip pprof) each window");
+          "write DIR/<pid>/<start ticks>.<exec id>/<profile>-<t0 unix ms>.pb.gz (gzip pprof) each "
+          "window");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 ABSL_FLAG(std::string, remote_url, "", "Pyroscope base URL, e.g. http://127.0.0.1:4040");
 ABSL_FLAG(std::string, remote_protocol, "grpc",

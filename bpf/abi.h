@@ -42,6 +42,13 @@ struct ps_stack {
 };
 PS_STATIC_ASSERT(sizeof(struct ps_stack) == 1024, "ps_stack layout");
 
+/* Process identity, in every key and record: (tgid, tgid_start_ns, exec_id). tgid_start_ns
+ * (the group leader's start_boottime) tells a reused pid from the process it had before;
+ * exec_id tells the programs one process runs one after another (execve keeps tgid and start
+ * time): the low 32 bits of task_struct::self_exec_id, which begin_new_exec() increments
+ * (fs/exec.c) and fork/clone copy, so every thread of a process has its value. Its absolute value
+ * counts the execs in the process's ancestry; only equality means anything. */
+
 /* Key of the on-CPU aggregation hash: one entry per distinct (thread, user stack, kernel stack)
  * in a window. A stack field is the 64-bit hash keying ps_stacks<N> of the same buffer, or 0 when
  * there is no such stack; then the matching *_stack_err holds -errno from bpf_get_stack()
@@ -56,8 +63,10 @@ struct ps_oncpu_key {
   __s32 kernel_stack_err;
   __u32 parallelism;     /* threads of tgid on a CPU at the sample instant (>= 1) */
   __u32 flags;           /* PS_SAMPLE_* */
+  __u32 exec_id;         /* ps_exec_id(): which program the process runs (changes at execve) */
+  __u32 pad;
 };
-PS_STATIC_ASSERT(sizeof(struct ps_oncpu_key) == 48, "ps_oncpu_key layout");
+PS_STATIC_ASSERT(sizeof(struct ps_oncpu_key) == 56, "ps_oncpu_key layout");
 
 /* ps_oncpu_key.flags: parallelism could be wrong, because when the sample was taken some CPU had
  * not been seen switching or sampling since attach (its task's process was not counted). */
@@ -139,7 +148,7 @@ struct ps_thread_state {
   __u32 rate_count;         /* switch-outs in it */
   __u32 sample_weight;      /* w from the last period (0 or 1: capture every switch-out) */
   __u32 stack_weight;       /* this switch-out: w if its stacks were captured, 0 if not */
-  __u32 pad;
+  __u32 exec_id;            /* ps_exec_id() at switch-out (ps_oncpu_key.exec_id) */
 };
 PS_STATIC_ASSERT(sizeof(struct ps_thread_state) == 136, "ps_thread_state layout");
 
@@ -154,7 +163,7 @@ struct ps_offcpu_key {
   __s32 user_stack_err;
   __s32 kernel_stack_err;
   __u32 state;  /* PS_STATE_RUNNABLE, _SLEEPING or _UNINTERRUPTIBLE */
-  __u32 pad;
+  __u32 exec_id; /* ps_oncpu_key.exec_id */
 };
 PS_STATIC_ASSERT(sizeof(struct ps_offcpu_key) == 48, "ps_offcpu_key layout");
 
@@ -180,9 +189,11 @@ struct ps_cpu_state {
   __u64 carry_tgid_start_ns;
   __u64 sample_ns;    /* ktime of the last on-CPU sample on this CPU (0: none yet) */
   __u32 in_switch;    /* 1 while sched_switch updates this entry (an NMI sample must not) */
+  __u32 exec_id;      /* the task's ps_exec_id() (ps_oncpu_key.exec_id) */
+  __u32 carry_exec_id;
   __u32 pad;
 };
-PS_STATIC_ASSERT(sizeof(struct ps_cpu_state) == 80, "ps_cpu_state layout");
+PS_STATIC_ASSERT(sizeof(struct ps_cpu_state) == 88, "ps_cpu_state layout");
 
 /* Switches the sched_switch tracepoint did not report. On some hosts the tracepoint misses a
  * share of switches (seen on a PVM guest: switches out of the host agent's threads, ~2-7% of all
@@ -196,7 +207,7 @@ PS_STATIC_ASSERT(sizeof(struct ps_cpu_state) == 80, "ps_cpu_state layout");
 /* Key of the exact on-CPU time per process and window (ps_runtime<N>, value __u64 ns). */
 struct ps_runtime_key {
   __u32 tgid;
-  __u32 pad;
+  __u32 exec_id; /* ps_oncpu_key.exec_id */
   __u64 tgid_start_ns;
 };
 PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
@@ -327,8 +338,13 @@ struct ps_unwind_proc {
                              /proc/<tgid>/stat field 22 shows it (fs/proc/array.c) */
   __u32 first;
   __u32 count;
+  __u32 exec_id; /* the image these mappings belong to, or PS_EXEC_ID_UNKNOWN (read from /proc,
+                    which does not show it): the walker then claims the entry for the running
+                    image and sends PS_UNWIND_EVENT_NEW_PROCESS so the daemon learns the id */
+  __u32 pad;
 };
-PS_STATIC_ASSERT(sizeof(struct ps_unwind_proc) == 16, "ps_unwind_proc layout");
+PS_STATIC_ASSERT(sizeof(struct ps_unwind_proc) == 24, "ps_unwind_proc layout");
+#define PS_EXEC_ID_UNKNOWN 0xffffffffu
 
 /* USER_HZ clock ticks of /proc/<pid>/stat start times: nsec_to_clock_t (kernel/time/time.c). */
 #define PS_NS_PER_TICK 10000000ULL
@@ -343,8 +359,10 @@ struct ps_unwind_event {
   __u32 tgid;
   __u32 kind; /* PS_UNWIND_EVENT_* */
   __u64 tgid_start_ns;
+  __u32 exec_id; /* ps_oncpu_key.exec_id of the image running when the event was sent */
+  __u32 pad;
 };
-PS_STATIC_ASSERT(sizeof(struct ps_unwind_event) == 16, "ps_unwind_event layout");
+PS_STATIC_ASSERT(sizeof(struct ps_unwind_event) == 24, "ps_unwind_event layout");
 
 /* Bounds of the walker's searches; every loop in bpf/unwind.bpf.h is bounded by one of these. */
 #define PS_UNWIND_MAX_MAPPINGS 256     /* executable mappings per process */

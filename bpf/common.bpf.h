@@ -165,17 +165,25 @@ static __always_inline __u64 ps_capture_kernel_stack(void *ctx, void *scratch, v
  * daemon's view through the syscall copy; the fields written before it are complete first). */
 #define ps_barrier() asm volatile("" ::: "memory")
 
+/* The process's exec generation (abi.h, "Process identity"). self_exec_id is a u64 since 5.7 and
+ * a u32 before; the low 32 bits of an 8-byte read are the field either way (little-endian). */
+static __always_inline __u32 ps_exec_id(struct task_struct *task) {
+  return (__u32)BPF_CORE_READ(task, self_exec_id);
+}
+
 /* Makes `cs` (this CPU's entry) record task `tid` of `tgid` as on the CPU since in_ns, counted in
  * ps_running when `counted`. The caller has already returned the old record's count. Only this
  * CPU writes its entry; `counted` is cleared first and set last so that the daemon's ScanCpus
  * never pairs one task's switch-in time with another task's process. */
 static __always_inline void ps_cpu_record(struct ps_cpu_state *cs, __u32 tid, __u32 tgid,
-                                          __u64 tgid_start_ns, __u64 in_ns, int counted) {
+                                          __u64 tgid_start_ns, __u32 exec_id, __u64 in_ns,
+                                          int counted) {
   cs->counted = 0;
   ps_barrier();
   cs->tid = tid;
   cs->tgid = tgid;
   cs->tgid_start_ns = counted ? tgid_start_ns : 0;
+  cs->exec_id = exec_id;
   cs->in_ns = in_ns;
   ps_barrier();
   cs->counted = counted;

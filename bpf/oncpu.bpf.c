@@ -51,7 +51,8 @@ static __always_inline void ps_record(struct bpf_perf_event_data *ctx, void *sta
   if (key->kernel_stack_err && key->kernel_stack_err != -ENOMEM)
     ps_count(PS_CTR_KERNEL_STACK_FAULT);
   key->user_stack = ps_capture_user_stack((struct pt_regs *)&ctx->regs, stacks, key->tgid,
-                                          key->tgid_start_ns, &key->user_stack_err);
+                                          key->tgid_start_ns, key->exec_id,
+                                          &key->user_stack_err);
   if (key->user_stack_err && key->user_stack_err != -ENOMEM)
     ps_count(PS_CTR_USER_STACK_FAULT);
 
@@ -92,8 +93,8 @@ int ps_on_cpu_sample(struct bpf_perf_event_data *ctx) {
     if (ps_cpu_first_seen(cs, ctl)) {
       /* First sight of this CPU since attach: the interrupted task has been running since
        * before attach and no switch counted it yet. */
-      ps_cpu_record(cs, tid, tgid, BPF_CORE_READ(task, group_leader, start_boottime), now,
-                    tracked);
+      ps_cpu_record(cs, tid, tgid, BPF_CORE_READ(task, group_leader, start_boottime),
+                    ps_exec_id(task), now, tracked);
     } else if (cs->tid != tid && !cs->in_switch && now - cs->in_ns > PS_REPAIR_MIN_AGE_NS) {
       /* The interrupted task came in by a switch the tracepoint did not report (abi.h, "Switches
        * the sched_switch tracepoint did not report"). The age guard skips the instants between
@@ -102,7 +103,7 @@ int ps_on_cpu_sample(struct bpf_perf_event_data *ctx) {
       if (cs->counted)
         ps_running_add(cs->tgid, -1);
       ps_cpu_record(cs, tid, tgid, BPF_CORE_READ(task, group_leader, start_boottime),
-                    ps_unseen_switch_ns(cs, now), tracked);
+                    ps_exec_id(task), ps_unseen_switch_ns(cs, now), tracked);
     }
     cs->sample_ns = now;
   }
@@ -120,6 +121,7 @@ int ps_on_cpu_sample(struct bpf_perf_event_data *ctx) {
   key.tgid = tgid;
   key.tid = tid;
   key.tgid_start_ns = BPF_CORE_READ(task, group_leader, start_boottime);
+  key.exec_id = ps_exec_id(task);
   key.parallelism = 1;
   if (ps_cfg_parallelism) {
     __s64 *n = bpf_map_lookup_elem(&ps_running, &tgid);
@@ -146,7 +148,7 @@ static __always_inline int ps_on_exec(void) {
   struct task_struct *task = (struct task_struct *)bpf_get_current_task();
   bpf_map_delete_elem(&ps_unwind_procs, &tgid);
   if (ps_tgid_tracked(tgid))
-    ps_unwind_notify(tgid, BPF_CORE_READ(task, group_leader, start_boottime),
+    ps_unwind_notify(tgid, BPF_CORE_READ(task, group_leader, start_boottime), ps_exec_id(task),
                      PS_UNWIND_EVENT_EXEC);
   return 0;
 }

@@ -163,6 +163,7 @@ static __always_inline void ps_switch_in(struct task_struct *task, __u32 tid, __
     key.tgid = ts->tgid;
     key.tid = tid;
     key.tgid_start_ns = ts->tgid_start_ns;
+    key.exec_id = ts->exec_id;
     key.user_stack = ts->user_stack;
     key.kernel_stack = ts->kernel_stack;
     key.user_stack_err = ts->user_stack_err;
@@ -238,7 +239,8 @@ static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, _
     void *stacks = buf == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
     __u64 tgid_start_ns = BPF_CORE_READ(prev, group_leader, start_boottime);
     ts->kernel_stack = ps_capture_kernel_stack(ctx, &ps_sched_scratch, stacks, &ts->kernel_stack_err);
-    ts->user_stack = ps_capture_user_stack(0, stacks, tgid, tgid_start_ns, &ts->user_stack_err);
+    ts->user_stack = ps_capture_user_stack(0, stacks, tgid, tgid_start_ns, ps_exec_id(prev),
+                                           &ts->user_stack_err);
   } else {
     ts->kernel_stack = 0;
     ts->user_stack = 0;
@@ -247,6 +249,7 @@ static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, _
   }
   ts->tgid = tgid;
   ts->tgid_start_ns = BPF_CORE_READ(prev, group_leader, start_boottime);
+  ts->exec_id = ps_exec_id(prev);
   ts->state = state;
   bpf_get_current_comm(ts->comm, sizeof(ts->comm));
   ps_barrier();
@@ -260,20 +263,21 @@ static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, _
  * is the daemon's when `carry` (the copy in cs says when prev came in), else it is dropped (an
  * estimated switch-in: the daemon already counted that span at the boundary, if at all). */
 static __always_inline void ps_add_runtime(struct ps_cpu_state *cs, __u32 tgid,
-                                           __u64 tgid_start_ns, __u64 from, __u64 now, __u64 ws,
-                                           __u32 buf, int carry) {
+                                           __u64 tgid_start_ns, __u32 exec_id, __u64 from,
+                                           __u64 now, __u64 ws, __u32 buf, int carry) {
   if (from < ws) {
     if (carry) {
       cs->carry_in_ns = from;
       cs->carry_tgid = tgid;
       cs->carry_tgid_start_ns = tgid_start_ns;
+      cs->carry_exec_id = exec_id;
       ps_barrier();
       cs->carry_ws_ns = ws;
     }
     from = ws;
   }
   if (now > from) {
-    struct ps_runtime_key rk = {.tgid = tgid, .tgid_start_ns = tgid_start_ns};
+    struct ps_runtime_key rk = {.tgid = tgid, .exec_id = exec_id, .tgid_start_ns = tgid_start_ns};
     ps_add_u64(buf == 0 ? (void *)&ps_runtime0 : (void *)&ps_runtime1, &rk, now - from,
                PS_CTR_RUNTIME_MAP_FULL);
   }
@@ -305,7 +309,7 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
       prev_in_ns = cs->in_ns;
       if (cs->counted && prev_tid != 0) {
         ps_running_add(cs->tgid, -1);
-        ps_add_runtime(cs, cs->tgid, cs->tgid_start_ns, cs->in_ns, now, ws, buf, 1);
+        ps_add_runtime(cs, cs->tgid, cs->tgid_start_ns, cs->exec_id, cs->in_ns, now, ws, buf, 1);
       }
     } else {
       /* The tracepoint missed switches on this CPU (abi.h): the recorded task left unseen (return
@@ -316,7 +320,7 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
       prev_in_ns = ps_unseen_switch_ns(cs, now);
       if (prev_tracked)
         ps_add_runtime(cs, prev_tgid, BPF_CORE_READ(prev, group_leader, start_boottime),
-                       prev_in_ns, now, ws, buf, 0);
+                       ps_exec_id(prev), prev_in_ns, now, ws, buf, 0);
     }
   }
   if (ps_cfg_offcpu && prev_tracked) {
@@ -327,7 +331,8 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
   /* next enters. */
   int counted = next_tid != 0 && ps_tgid_tracked(next_tgid);
   ps_cpu_record(cs, next_tid, next_tgid,
-                counted ? BPF_CORE_READ(next, group_leader, start_boottime) : 0, now, counted);
+                counted ? BPF_CORE_READ(next, group_leader, start_boottime) : 0,
+                counted ? ps_exec_id(next) : 0, now, counted);
   if (counted && ps_cfg_offcpu)
     ps_switch_in(next, next_tid, now, ws, buf);
   ps_barrier();
@@ -379,6 +384,7 @@ int ps_seed_threads(struct bpf_iter__task *ctx) {
                  : PS_STATE_SLEEPING;
   ts.tgid = tgid;
   ts.tgid_start_ns = BPF_CORE_READ(task, group_leader, start_boottime);
+  ts.exec_id = ps_exec_id(task);
   BPF_CORE_READ_STR_INTO(&ts.comm, task, comm);
   ts.user_stack_err = PS_ERR_ASLEEP_AT_ATTACH;
   ts.stack_weight = 1;

@@ -76,7 +76,8 @@ struct {
 /* A request is repeated for the same process and kind at most this often per CPU (ns). */
 #define PS_UNWIND_NOTIFY_INTERVAL_NS 100000000ULL
 
-static __always_inline void ps_unwind_notify(__u32 tgid, __u64 tgid_start_ns, __u32 kind) {
+static __always_inline void ps_unwind_notify(__u32 tgid, __u64 tgid_start_ns, __u32 exec_id,
+                                             __u32 kind) {
   __u32 zero = 0;
   struct ps_unwind_notified *last = bpf_map_lookup_elem(&ps_unwind_notify_state, &zero);
   if (!last)
@@ -95,6 +96,8 @@ static __always_inline void ps_unwind_notify(__u32 tgid, __u64 tgid_start_ns, __
   e->tgid = tgid;
   e->kind = kind;
   e->tgid_start_ns = tgid_start_ns;
+  e->exec_id = exec_id;
+  e->pad = 0;
   bpf_ringbuf_submit(e, 0);
 }
 
@@ -195,6 +198,7 @@ struct ps_unwind_state {
   __u64 pc, sp, fp;
   __u64 tgid_start_ns;
   __u32 tgid;
+  __u32 exec_id;
   __u32 exact;    /* pc is exact (leaf, or after a signal frame), not a return address */
   __u32 outcome;  /* PS_UNWIND_* once done */
   __u32 has_proc;
@@ -249,7 +253,7 @@ __attribute__((noinline)) int ps_unwind_frame(__u32 i) {
     struct ps_unwind_mapping *m = mi < 0 ? 0 : bpf_map_lookup_elem(&ps_unwind_maps, &key);
     if (!m) {
       /* Mapped since the daemon read the process's maps (dlopen), or junk. */
-      ps_unwind_notify(w->tgid, w->tgid_start_ns, PS_UNWIND_EVENT_UNKNOWN_PC);
+      ps_unwind_notify(w->tgid, w->tgid_start_ns, w->exec_id, PS_UNWIND_EVENT_UNKNOWN_PC);
       no_table = PS_UNWIND_NO_TABLE_PC;
     } else if (m->state == PS_TABLE_READY) {
       int ri = ps_find_row_index(m->first, m->count, lookup - m->bias);
@@ -337,7 +341,7 @@ __attribute__((noinline)) int ps_unwind_frame(__u32 i) {
  * (leaf first, outcome in flags) or NULL for a task without user memory. tgid/tgid_start_ns
  * identify the process (ps_unwind_procs). */
 static __always_inline struct ps_stack *ps_unwind_user(struct pt_regs *ctx_regs, __u32 tgid,
-                                                       __u64 tgid_start_ns) {
+                                                       __u64 tgid_start_ns, __u32 exec_id) {
   __u32 zero = 0;
   struct ps_unwind_state *w = bpf_map_lookup_elem(&ps_unwind_state_map, &zero);
   if (!w)
@@ -350,18 +354,28 @@ static __always_inline struct ps_stack *ps_unwind_user(struct pt_regs *ctx_regs,
   w->fp = r.fp;
   w->tgid = tgid;
   w->tgid_start_ns = tgid_start_ns;
+  w->exec_id = exec_id;
   w->exact = 1;
   w->outcome = PS_UNWIND_TRUNCATED;
   w->st.len = 0;
   w->st.flags = 0;
   w->has_proc = 0;
   struct ps_unwind_proc *proc = bpf_map_lookup_elem(&ps_unwind_procs, &tgid);
-  if (proc && proc->tgid_start_ticks == tgid_start_ns / PS_NS_PER_TICK) {
+  if (proc && proc->tgid_start_ticks == tgid_start_ns / PS_NS_PER_TICK &&
+      (proc->exec_id == exec_id || proc->exec_id == PS_EXEC_ID_UNKNOWN)) {
+    if (proc->exec_id == PS_EXEC_ID_UNKNOWN) {
+      /* Loaded from /proc (at start, or a refresh), which does not show the exec id: claim the
+       * entry for the running image and tell the daemon the process's full identity, so that it
+       * snapshots the process for symbolization while it lives. */
+      proc->exec_id = exec_id;
+      ps_unwind_notify(tgid, tgid_start_ns, exec_id, PS_UNWIND_EVENT_NEW_PROCESS);
+    }
     w->proc = *proc;
     w->has_proc = 1;
   } else {
-    /* Unknown, or a reused pid whose entry is the old process's. */
-    ps_unwind_notify(tgid, tgid_start_ns, PS_UNWIND_EVENT_NEW_PROCESS);
+    /* Unknown, or a reused pid whose entry is the old process's, or an image whose entry the
+     * exec hook has not deleted yet. */
+    ps_unwind_notify(tgid, tgid_start_ns, exec_id, PS_UNWIND_EVENT_NEW_PROCESS);
   }
   for (__u32 i = 0; i <= PS_MAX_STACK_DEPTH; i++) {
     if (!ps_unwind_frame(i))
@@ -386,9 +400,10 @@ static __always_inline void ps_count_unwind(__u32 outcome) {
 /* Unwinds the current task's user stack into `stacks`. Returns its hash, or 0 with *err (0: no
  * user stack, as for a kernel thread). */
 static __always_inline __u64 ps_capture_user_stack(struct pt_regs *ctx_regs, void *stacks,
-                                                   __u32 tgid, __u64 tgid_start_ns, __s32 *err) {
+                                                   __u32 tgid, __u64 tgid_start_ns,
+                                                   __u32 exec_id, __s32 *err) {
   *err = 0;
-  struct ps_stack *st = ps_unwind_user(ctx_regs, tgid, tgid_start_ns);
+  struct ps_stack *st = ps_unwind_user(ctx_regs, tgid, tgid_start_ns, exec_id);
   if (!st)
     return 0;
   long n = (long)st->len * sizeof(__u64);

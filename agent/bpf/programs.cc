@@ -354,7 +354,8 @@ absl::Status BpfPrograms::StartUnwinder(const Options& options) {
         int rc = ring_buffer__poll(rb, timeout_ms);
         *slot = nullptr;
         return rc;
-      });
+      },
+      "/proc", options.processes);
   const int64_t t0 = MonotonicNowNs();
   unwinder_->Start(options.tgids);
   unwind::UnwindTableStats st = unwinder_->stats();
@@ -508,7 +509,7 @@ void BpfPrograms::DrainBuffer(uint32_t index, WindowData* out) {
   DrainMap<ps_oncpu_key, ps_oncpu_value>(agg_fd, [&](const ps_oncpu_key& k,
                                                      const ps_oncpu_value& v) {
     OnCpuRecord r;
-    r.process = proc::ProcessKey{k.tgid, k.tgid_start_ns};
+    r.process = proc::ProcessKey{k.tgid, k.tgid_start_ns, k.exec_id};
     r.tid = k.tid;
     r.thread_name.assign(v.comm, strnlen(v.comm, sizeof(v.comm)));
     ResolveStacks(k.kernel_stack, k.kernel_stack_err, k.user_stack, k.user_stack_err, &r.stacks);
@@ -524,7 +525,7 @@ void BpfPrograms::DrainBuffer(uint32_t index, WindowData* out) {
   DrainMap<ps_offcpu_key, ps_offcpu_value>(off_fd, [&](const ps_offcpu_key& k,
                                                        const ps_offcpu_value& v) {
     OffCpuRecord r;
-    r.process = proc::ProcessKey{k.tgid, k.tgid_start_ns};
+    r.process = proc::ProcessKey{k.tgid, k.tgid_start_ns, k.exec_id};
     r.tid = k.tid;
     r.thread_name.assign(v.comm, strnlen(v.comm, sizeof(v.comm)));
     ResolveStacks(k.kernel_stack, k.kernel_stack_err, k.user_stack, k.user_stack_err, &r.stacks);
@@ -536,7 +537,7 @@ void BpfPrograms::DrainBuffer(uint32_t index, WindowData* out) {
 
   int rt_fd = bpf_map__fd(index == 0 ? sched_->maps.ps_runtime0 : sched_->maps.ps_runtime1);
   DrainMap<ps_runtime_key, uint64_t>(rt_fd, [&](const ps_runtime_key& k, uint64_t ns) {
-    out->runtime.push_back({proc::ProcessKey{k.tgid, k.tgid_start_ns}, ns});
+    out->runtime.push_back({proc::ProcessKey{k.tgid, k.tgid_start_ns, k.exec_id}, ns});
   });
 }
 
@@ -557,7 +558,7 @@ void BpfPrograms::ScanThreads(int64_t prev_ws, int64_t ws,
     }
     if (to <= from) return;
     OffCpuRecord r;
-    r.process = proc::ProcessKey{ts.tgid, ts.tgid_start_ns};
+    r.process = proc::ProcessKey{ts.tgid, ts.tgid_start_ns, ts.exec_id};
     r.tid = tid;
     r.thread_name.assign(ts.comm, strnlen(ts.comm, sizeof(ts.comm)));
     ResolveStacks(kstack, kerr, ustack, uerr, &r.stacks);
@@ -633,10 +634,10 @@ void BpfPrograms::ScanCpus(int64_t prev_ws, int64_t ws,
     proc::ProcessKey key;
     if (c.carry_ws_ns == cur) {
       from = c.carry_in_ns;
-      key = {c.carry_tgid, c.carry_tgid_start_ns};
+      key = {c.carry_tgid, c.carry_tgid_start_ns, c.carry_exec_id};
     } else if (c.known && c.counted && c.tid != 0 && c.in_ns < cur) {
       from = c.in_ns;
-      key = {c.tgid, c.tgid_start_ns};
+      key = {c.tgid, c.tgid_start_ns, c.exec_id};
     } else {
       continue;
     }

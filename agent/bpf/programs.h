@@ -64,6 +64,9 @@ class BpfPrograms : public WindowSource {
     // Bytes of BPF array memory for unwind table rows (bpf/abi.h struct ps_unwind_row, 16
     // bytes each); allocated at load, charged to the agent's memory cgroup.
     uint64_t unwind_table_bytes = uint64_t{PS_UNWIND_ROW_ENTRIES} * sizeof(ps_unwind_row);
+    // Snapshotted by the unwinder's thread at each process image's first event (borrowed, must
+    // outlive the BpfPrograms; may be null).
+    proc::ProcessTable* processes = nullptr;
   };
 
   // Opens both skeletons, sizes their maps, loads them (CO-RE; tp_btf, else raw_tp, chosen

@@ -29,7 +29,7 @@ struct Config {
   // Off-CPU stack captures per second per thread before stacks are sampled with unbiased weights
   // (--off-cpu-stack-rate; bpf/abi.h PS_RATE_PERIOD_NS); 0 captures every switch-out.
   int32_t off_cpu_stack_rate = 1000;
-  // Write DIR/<pid>/<name>-<t0 unix ms>.pb.gz; empty = no files.
+  // Write DIR/<pid>/<start ticks>.<exec id>/<name>-<t0 unix ms>.pb.gz; empty = no files.
   std::string output_dir;
   LogLevel log_level = LogLevel::kInfo;
 

@@ -1,4 +1,9 @@
-// Writes profiles as gzip pprof files: DIR/<pid>/<type>-<t0 unix ms>.pb.gz (SPEC section 5).
+// Writes profiles as gzip pprof files (SPEC section 5, with the process identity in the path):
+//   DIR/<pid>/<start ticks>.<exec id>/<type>-<t0 unix ms>.pb.gz
+// <start ticks> is the process's start time as /proc/<pid>/stat field 22 shows it (clock ticks
+// since boot; `ps -o lstart` prints it as a date), so two processes that had one pid never share
+// a directory; <exec id> (bpf/abi.h, "Process identity") changes when the process execs another
+// program, so each program a pid ran has its own directory.
 #pragma once
 
 #include <string>
@@ -20,6 +25,8 @@ class FileExporter : public Exporter {
 
   // The path a profile is written to.
   std::string PathFor(const ProcessProfile& profile) const;
+  // The directory of one process image's profiles.
+  std::string DirFor(const proc::ProcessKey& key) const;
 
  private:
   std::string dir_;

@@ -1,5 +1,9 @@
 #include "agent/proc/process_table.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -10,17 +14,34 @@
 
 namespace parascope::proc {
 
-const MapEntry* ProcessInfo::FindMapping(uint64_t addr) const {
+PinnedFile::PinnedFile(int fd, const struct ::stat& st)
+    : fd_(fd),
+      path_(absl::StrCat("/proc/self/fd/", fd)),
+      dev_(static_cast<uint64_t>(st.st_dev)),
+      inode_(static_cast<uint64_t>(st.st_ino)) {}
+
+PinnedFile::~PinnedFile() {
+  if (fd_ >= 0) close(fd_);
+}
+
+int ProcessInfo::FindIndex(uint64_t addr) const {
   // First mapping starting after addr; the candidate is the one before it.
   auto it = std::upper_bound(maps.begin(), maps.end(), addr,
                              [](uint64_t a, const MapEntry& m) { return a < m.start; });
-  if (it == maps.begin()) return nullptr;
+  if (it == maps.begin()) return -1;
   --it;
-  return addr < it->end ? &*it : nullptr;
+  return addr < it->end ? static_cast<int>(it - maps.begin()) : -1;
 }
 
-ProcessTable::ProcessTable(std::string proc_root, size_t max_processes)
-    : proc_root_(std::move(proc_root)), max_processes_(std::max<size_t>(max_processes, 1)) {}
+const MapEntry* ProcessInfo::FindMapping(uint64_t addr) const {
+  int i = FindIndex(addr);
+  return i < 0 ? nullptr : &maps[i];
+}
+
+ProcessTable::ProcessTable(std::string proc_root, size_t max_processes, size_t max_pinned_files)
+    : proc_root_(std::move(proc_root)),
+      max_processes_(std::max<size_t>(max_processes, 1)),
+      max_pinned_files_(max_pinned_files) {}
 
 std::string ProcessTable::ProcDir(uint32_t tgid) const {
   return absl::StrCat(proc_root_, "/", tgid);
@@ -43,35 +64,109 @@ absl::StatusOr<ProcStat> ProcessTable::ReadStat(const ProcessKey& key) const {
 absl::StatusOr<std::vector<MapEntry>> ProcessTable::ReadMaps(const ProcessKey& key) const {
   PS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(ProcDir(key.tgid) + "/maps"));
   PS_ASSIGN_OR_RETURN(std::vector<MapEntry> maps, ParseMaps(text));
+  maps.erase(std::remove_if(maps.begin(), maps.end(),
+                            [](const MapEntry& m) { return !m.executable(); }),
+             maps.end());
   std::sort(maps.begin(), maps.end(),
             [](const MapEntry& a, const MapEntry& b) { return a.start < b.start; });
   PS_RETURN_IF_ERROR(ReadStat(key).status());
   return maps;
 }
 
-absl::StatusOr<std::unique_ptr<ProcessTable::Entry>> ProcessTable::Load(
-    const ProcessKey& key) const {
+absl::StatusOr<std::shared_ptr<ProcessInfo>> ProcessTable::Read(const ProcessKey& key) const {
   std::string dir = ProcDir(key.tgid);
   PS_ASSIGN_OR_RETURN(ProcStat stat, ReadStat(key));
-
-  auto entry = std::make_unique<Entry>();
-  ProcessInfo& info = entry->info;
-  info.key = key;
+  auto info = std::make_shared<ProcessInfo>();
+  info->key = key;
   absl::StatusOr<std::string> comm = ReadFileToString(dir + "/comm");
   if (comm.ok()) {
-    info.comm = *std::move(comm);
-    if (!info.comm.empty() && info.comm.back() == '\n') info.comm.pop_back();
+    info->comm = *std::move(comm);
+    if (!info->comm.empty() && info->comm.back() == '\n') info->comm.pop_back();
   } else {
-    info.comm = stat.comm;
+    info->comm = stat.comm;
   }
   absl::StatusOr<std::string> exe = ReadLink(dir + "/exe");
-  if (exe.ok()) info.exe_path = *std::move(exe);
-  PS_ASSIGN_OR_RETURN(info.maps, ReadMaps(key));
-  entry->maps_read_window = window_;
-  return entry;
+  if (exe.ok()) info->exe_path = *std::move(exe);
+  PS_ASSIGN_OR_RETURN(info->maps, ReadMaps(key));
+  info->files.resize(info->maps.size());
+  return info;
 }
 
-void ProcessTable::CountError(const absl::Status& status) {
+void ProcessTable::Pin(ProcessInfo* info) {
+  for (size_t i = 0; i < info->maps.size(); ++i) {
+    const MapEntry& m = info->maps[i];
+    if (!m.file_backed()) continue;
+    MapsFileId id{(uint64_t{m.dev_major} << 32) | m.dev_minor, m.inode, m.path};
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (auto it = pins_.find(id); it != pins_.end()) {
+        if (auto f = it->second.lock()) {
+          info->files[i] = std::move(f);
+          continue;
+        }
+      }
+      if (pins_.size() >= max_pinned_files_) {
+        absl::erase_if(pins_, [](const auto& kv) { return kv.second.expired(); });
+        if (pins_.size() >= max_pinned_files_) continue;
+      }
+    }
+    // The file as the process sees it: map_files/ names the mapped file itself, then the path
+    // under the process's root. Never both prefixes (a chroot's maps paths are already relative
+    // to its root).
+    std::string via_map_files =
+        absl::StrFormat("%s/%d/map_files/%x-%x", proc_root_, info->key.tgid, m.start, m.end);
+    int fd = open(via_map_files.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && !m.deleted) {
+      fd = open(absl::StrCat(ProcDir(info->key.tgid), "/root", m.path).c_str(),
+                O_RDONLY | O_CLOEXEC);
+    }
+    if (fd < 0) continue;
+    struct ::stat st {};
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      close(fd);
+      continue;
+    }
+    auto pinned = std::make_shared<const PinnedFile>(fd, st);
+    std::lock_guard<std::mutex> l(mu_);
+    pins_[id] = pinned;
+    info->files[i] = std::move(pinned);
+  }
+}
+
+absl::StatusOr<std::shared_ptr<const ProcessInfo>> ProcessTable::Snapshot(const ProcessKey& key) {
+  absl::StatusOr<std::shared_ptr<ProcessInfo>> read = Read(key);
+  if (!read.ok()) {
+    std::lock_guard<std::mutex> l(mu_);
+    CountErrorLocked(read.status());
+    return read.status();
+  }
+  std::shared_ptr<ProcessInfo> info = *std::move(read);
+  info->snapshot = true;
+  Pin(info.get());
+  std::lock_guard<std::mutex> l(mu_);
+  ++snapshots_;
+  failed_.erase(key);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) {
+    MakeRoomLocked();
+    auto entry = std::make_unique<Entry>();
+    entry->created_window = window_;
+    entry->last_used_seq = ++use_seq_;
+    entry->last_used_window = window_ - 1;  // not used yet (window_ 0: wraps, never equal)
+    it = entries_.emplace(key, std::move(entry)).first;
+  }
+  it->second->info = info;
+  it->second->maps_read_window = window_;
+  return std::shared_ptr<const ProcessInfo>(std::move(info));
+}
+
+bool ProcessTable::HasSnapshot(const ProcessKey& key) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = entries_.find(key);
+  return it != entries_.end() && it->second->info->snapshot;
+}
+
+void ProcessTable::CountErrorLocked(const absl::Status& status) {
   if (absl::IsNotFound(status)) {
     ++vanished_;
   } else {
@@ -79,61 +174,92 @@ void ProcessTable::CountError(const absl::Status& status) {
   }
 }
 
-absl::StatusOr<ProcessTable::Entry*> ProcessTable::GetEntry(const ProcessKey& key) {
+absl::StatusOr<ProcessTable::Entry*> ProcessTable::GetEntryLocked(
+    const ProcessKey& key, std::unique_lock<std::mutex>& l) {
   Entry* entry = nullptr;
   if (auto it = entries_.find(key); it != entries_.end()) {
     entry = it->second.get();
   } else {
     if (auto f = failed_.find(key); f != failed_.end()) return f->second;
-    absl::StatusOr<std::unique_ptr<Entry>> loaded = Load(key);
+    l.unlock();
+    absl::StatusOr<std::shared_ptr<ProcessInfo>> loaded = Read(key);
+    l.lock();
     if (!loaded.ok()) {
-      CountError(loaded.status());
+      CountErrorLocked(loaded.status());
       if (failed_.size() >= max_processes_) failed_.clear();
       failed_.emplace(key, loaded.status());
       return loaded.status();
     }
-    MakeRoom();
-    entry = loaded->get();
-    entries_.emplace(key, *std::move(loaded));
+    if (auto it = entries_.find(key); it != entries_.end()) {
+      entry = it->second.get();  // a snapshot arrived meanwhile: it is the better read
+    } else {
+      MakeRoomLocked();
+      auto e = std::make_unique<Entry>();
+      e->info = *std::move(loaded);
+      e->maps_read_window = window_;
+      e->created_window = window_;
+      entry = e.get();
+      entries_.emplace(key, std::move(e));
+    }
   }
   entry->last_used_window = window_;
   entry->last_used_seq = ++use_seq_;
   return entry;
 }
 
-absl::StatusOr<const ProcessInfo*> ProcessTable::Get(const ProcessKey& key) {
-  PS_ASSIGN_OR_RETURN(Entry * entry, GetEntry(key));
-  return &entry->info;
+absl::StatusOr<std::shared_ptr<const ProcessInfo>> ProcessTable::Get(const ProcessKey& key) {
+  std::unique_lock<std::mutex> l(mu_);
+  PS_ASSIGN_OR_RETURN(Entry * entry, GetEntryLocked(key, l));
+  return entry->info;
 }
 
-const MapEntry* ProcessTable::FindMapping(const ProcessKey& key, uint64_t addr) {
-  absl::StatusOr<Entry*> entry = GetEntry(key);
-  if (!entry.ok()) return nullptr;
-  ProcessInfo& info = (*entry)->info;
-  if (const MapEntry* m = info.FindMapping(addr)) return m;
-  if ((*entry)->maps_read_window == window_) return nullptr;
-  (*entry)->maps_read_window = window_;
-  absl::StatusOr<std::vector<MapEntry>> maps = ReadMaps(key);
-  if (!maps.ok()) {
-    CountError(maps.status());  // keep the old maps: earlier samples may still need them
-    return nullptr;
+MappingRef ProcessTable::FindMapping(const ProcessKey& key, uint64_t addr) {
+  std::unique_lock<std::mutex> l(mu_);
+  absl::StatusOr<Entry*> entry = GetEntryLocked(key, l);
+  if (!entry.ok()) return {};
+  std::shared_ptr<const ProcessInfo> info = (*entry)->info;
+  int i = info->FindIndex(addr);
+  if (i < 0) {
+    if ((*entry)->maps_read_window == window_) return {};
+    (*entry)->maps_read_window = window_;
+    l.unlock();
+    absl::StatusOr<std::vector<MapEntry>> maps = ReadMaps(key);
+    if (!maps.ok()) {
+      l.lock();
+      CountErrorLocked(maps.status());  // keep the old maps: earlier samples may still need them
+      return {};
+    }
+    // A new snapshot: the old one stays valid for whoever holds it. Files already pinned are
+    // kept, new ones pinned.
+    auto fresh = std::make_shared<ProcessInfo>(*info);
+    fresh->maps = *std::move(maps);
+    fresh->files.assign(fresh->maps.size(), nullptr);
+    Pin(fresh.get());
+    info = fresh;
+    l.lock();
+    if (auto it = entries_.find(key); it != entries_.end()) it->second->info = info;
+    i = info->FindIndex(addr);
+    if (i < 0) return {};
   }
-  info.maps = *std::move(maps);
-  return info.FindMapping(addr);
+  return MappingRef{info, &info->maps[i], info->files[i].get()};
 }
 
 void ProcessTable::EndWindow() {
-  absl::erase_if(entries_,
-                 [this](const auto& kv) { return kv.second->last_used_window != window_; });
+  std::lock_guard<std::mutex> l(mu_);
+  absl::erase_if(entries_, [this](const auto& kv) {
+    return kv.second->last_used_window != window_ && kv.second->created_window != window_;
+  });
+  absl::erase_if(pins_, [](const auto& kv) { return kv.second.expired(); });
   failed_.clear();
   ++window_;
 }
 
-void ProcessTable::MakeRoom() {
+void ProcessTable::MakeRoomLocked() {
   if (entries_.size() < max_processes_) return;
   // Entries idle this window would be forgotten at EndWindow anyway.
-  absl::erase_if(entries_,
-                 [this](const auto& kv) { return kv.second->last_used_window != window_; });
+  absl::erase_if(entries_, [this](const auto& kv) {
+    return kv.second->last_used_window != window_ && kv.second->created_window != window_;
+  });
   if (entries_.size() < max_processes_) return;
   // All were used this window: evict the least recently used 1/16 (at least one), so that the
   // O(n) selection runs once per many insertions.
@@ -147,12 +273,41 @@ void ProcessTable::MakeRoom() {
   for (size_t i = 0; i < n; ++i) entries_.erase(by_use[i].second);
 }
 
-std::string ProcessTable::HostPath(const ProcessKey& key, const MapEntry& m) const {
-  if (!m.file_backed()) return "";
-  if (m.deleted) {
-    return absl::StrFormat("%s/map_files/%x-%x", ProcDir(key.tgid), m.start, m.end);
-  }
-  return absl::StrCat(ProcDir(key.tgid), "/root", m.path);
+size_t ProcessTable::size() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return entries_.size();
+}
+
+size_t ProcessTable::pinned_files() const {
+  std::lock_guard<std::mutex> l(mu_);
+  size_t n = 0;
+  for (const auto& [id, f] : pins_) n += !f.expired();
+  return n;
+}
+
+uint64_t ProcessTable::vanished() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return vanished_;
+}
+
+uint64_t ProcessTable::read_errors() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return read_errors_;
+}
+
+uint64_t ProcessTable::snapshots() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return snapshots_;
+}
+
+std::vector<std::string> ProcessTable::HostPaths(const MappingRef& m) const {
+  std::vector<std::string> out;
+  if (!m || !m->file_backed()) return out;
+  if (m.file != nullptr) out.push_back(m.file->path());
+  const uint32_t tgid = m.process->key.tgid;
+  out.push_back(absl::StrFormat("%s/map_files/%x-%x", ProcDir(tgid), m->start, m->end));
+  if (!m->deleted) out.push_back(absl::StrCat(ProcDir(tgid), "/root", m->path));
+  return out;
 }
 
 }  // namespace parascope::proc

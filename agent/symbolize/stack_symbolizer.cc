@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "absl/hash/hash.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 
 namespace parascope {
@@ -71,8 +72,8 @@ void StackSymbolizer::AddUserFrames(PprofBuilder& builder, const proc::ProcessKe
       continue;
     }
     uint64_t lookup_ip = i == 0 ? ip : ip - 1;
-    const proc::MapEntry* m = processes_->FindMapping(process, lookup_ip);
-    if (m == nullptr) {
+    const proc::MappingRef m = processes_->FindMapping(process, lookup_ip);
+    if (!m) {
       ++stats_.no_mapping;
       uint64_t loc = builder.AddLocation(0, ip, {});
       builder.RememberLocation(ip, kind, loc);
@@ -100,14 +101,22 @@ void StackSymbolizer::AddUserFrames(PprofBuilder& builder, const proc::ProcessKe
       if (has_identity) it = window_elfs_.find(file_key);
       if (it == window_elfs_.end()) it = window_elfs_.find(process_key);
       if (it == window_elfs_.end()) {
-        std::string host_path = processes_->HostPath(process, *m);
-        auto elf_or = elf_cache_->Get(host_path);
+        // The pinned file first, then map_files/, then the path under the process's root.
+        absl::StatusOr<std::shared_ptr<const symbolize::ElfFile>> elf_or =
+            absl::NotFoundError("no path");
+        for (const std::string& host_path : processes_->HostPaths(m)) {
+          elf_or = elf_cache_->Get(host_path);
+          if (elf_or.ok() || !(absl::IsNotFound(elf_or.status()) ||
+                               absl::IsPermissionDenied(elf_or.status()))) {
+            break;  // found, or the file itself is bad: another path to it will not help
+          }
+        }
         if (elf_or.ok()) {
           it = window_elfs_.emplace(has_identity ? file_key : process_key, *std::move(elf_or))
                    .first;
         } else {
-          elf_errors_log_.Log(LogLevel::kWarning, "symbolize: cannot read %s: %s", host_path,
-                              elf_or.status().ToString());
+          elf_errors_log_.Log(LogLevel::kWarning, "symbolize: cannot read %s (pid %d): %s",
+                              m->path, process.tgid, elf_or.status().ToString());
           it = window_elfs_.emplace(process_key, nullptr).first;
         }
       }

@@ -206,15 +206,19 @@ UnwindTables::Table* UnwindTables::VdsoTable() {
   return Insert(kKey, *std::move(t));
 }
 
-UnwindTables::Table* UnwindTables::TableFor(uint32_t tgid, const proc::MapEntry& m) {
+UnwindTables::Table* UnwindTables::TableFor(uint32_t tgid, const proc::MapEntry& m,
+                                            const proc::PinnedFile* pinned) {
   if (m.path == "[vdso]") return VdsoTable();
   if (!m.file_backed()) return nullptr;
   // The file as the process sees it: map_files/ names the mapped file itself (also deleted or
   // replaced files, and in other mount namespaces; needs CAP_SYS_ADMIN), else the path under
   // the process's root (man 5 proc).
-  std::string via_map_files =
-      absl::StrFormat("%s/%d/map_files/%x-%x", proc_root_, tgid, m.start, m.end);
-  int fd = open(via_map_files.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = pinned != nullptr ? dup(pinned->fd()) : -1;
+  if (fd < 0) {
+    std::string via_map_files =
+        absl::StrFormat("%s/%d/map_files/%x-%x", proc_root_, tgid, m.start, m.end);
+    fd = open(via_map_files.c_str(), O_RDONLY | O_CLOEXEC);
+  }
   if (fd < 0 && !m.deleted) {
     fd = open(absl::StrCat(proc_root_, "/", tgid, "/root", m.path).c_str(), O_RDONLY | O_CLOEXEC);
   }
@@ -289,7 +293,8 @@ void UnwindTables::DropProcess(uint32_t tgid, Process& p) {
   p.tables.clear();
 }
 
-absl::Status UnwindTables::LoadProcess(uint32_t tgid, uint64_t start_ticks) {
+absl::Status UnwindTables::LoadProcess(uint32_t tgid, uint64_t start_ticks, uint32_t exec_id,
+                                       const proc::ProcessInfo* snapshot) {
   absl::StatusOr<uint64_t> ticks = StartTicks(proc_root_, tgid);
   auto gone = [&](absl::Status s) {
     ++stats_.process_gone;
@@ -307,15 +312,21 @@ absl::Status UnwindTables::LoadProcess(uint32_t tgid, uint64_t start_ticks) {
     return gone(absl::NotFoundError(absl::StrCat("pid ", tgid, " is another process now")));
   }
   start_ticks = *ticks;
-  absl::StatusOr<std::string> text =
-      proc::ReadFileToString(absl::StrCat(proc_root_, "/", tgid, "/maps"));
-  if (!text.ok()) return gone(text.status());
-  PS_ASSIGN_OR_RETURN(std::vector<proc::MapEntry> entries, proc::ParseMaps(*text));
+  std::vector<proc::MapEntry> entries;
+  if (snapshot != nullptr) {
+    entries = snapshot->maps;
+  } else {
+    absl::StatusOr<std::string> text =
+        proc::ReadFileToString(absl::StrCat(proc_root_, "/", tgid, "/maps"));
+    if (!text.ok()) return gone(text.status());
+    PS_ASSIGN_OR_RETURN(entries, proc::ParseMaps(*text));
+  }
 
   std::vector<ps_unwind_mapping> out;
   std::vector<Table*> refs;
   budget_failed_ = false;
-  for (const proc::MapEntry& m : entries) {
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const proc::MapEntry& m = entries[i];
     if (!m.executable()) continue;
     if (out.size() >= PS_UNWIND_MAX_MAPPINGS) {
       ++stats_.mappings_full;
@@ -325,7 +336,9 @@ absl::Status UnwindTables::LoadProcess(uint32_t tgid, uint64_t start_ticks) {
     um.start = m.start;
     um.end = m.end;
     um.state = PS_TABLE_NONE;
-    if (Table* t = TableFor(tgid, m)) {
+    const proc::PinnedFile* pinned =
+        snapshot != nullptr && i < snapshot->files.size() ? snapshot->files[i].get() : nullptr;
+    if (Table* t = TableFor(tgid, m, pinned)) {
       uint64_t bias;
       if (UnwindTable::MappingBias(t->loads, m.start, m.end - m.start, m.offset, &bias)) {
         um.bias = bias;
@@ -357,7 +370,7 @@ absl::Status UnwindTables::LoadProcess(uint32_t tgid, uint64_t start_ticks) {
     return absl::ResourceExhaustedError("unwind mapping slots exhausted");
   }
   maps_->WriteMappings(*first, out);
-  ps_unwind_proc proc{start_ticks, *first, n};
+  ps_unwind_proc proc{start_ticks, *first, n, exec_id, 0};
   absl::Status s = maps_->SetProcess(tgid, proc);
   if (!s.ok() && !processes_.contains(tgid) && NowNs() - last_full_sweep_ns_ >= 10000000000) {
     last_full_sweep_ns_ = NowNs();
@@ -392,6 +405,13 @@ void UnwindTables::RetryIncomplete(int64_t now_ns, int64_t min_interval_ns) {
     }
   }
   for (const auto& [tgid, ticks] : todo) (void)LoadProcess(tgid, ticks);
+}
+
+bool UnwindTables::RefreshDue(uint32_t tgid, uint64_t start_ticks, int64_t now_ns,
+                              int64_t min_interval_ns) const {
+  auto it = processes_.find(tgid);
+  return it == processes_.end() || it->second.start_ticks != start_ticks ||
+         now_ns - it->second.last_refresh_ns >= min_interval_ns;
 }
 
 absl::Status UnwindTables::RefreshProcess(uint32_t tgid, uint64_t start_ticks, int64_t now_ns,
@@ -433,8 +453,11 @@ void UnwindTables::LoadAll() {
 // ---- UnwindService ----
 
 UnwindService::UnwindService(std::unique_ptr<UnwindMaps> maps, Poller poll,
-                             std::string proc_root)
-    : maps_(std::move(maps)), poll_(std::move(poll)), tables_(maps_.get(), std::move(proc_root)) {}
+                             std::string proc_root, proc::ProcessTable* processes)
+    : maps_(std::move(maps)),
+      poll_(std::move(poll)),
+      processes_(processes),
+      tables_(maps_.get(), std::move(proc_root)) {}
 
 UnwindService::~UnwindService() { Stop(); }
 
@@ -481,15 +504,29 @@ void UnwindService::Loop() {
     const int64_t now = MonotonicNowNs();
     for (const ps_unwind_event& e : batch) {
       uint64_t ticks = e.tgid_start_ns / PS_NS_PER_TICK;
-      if (e.kind == PS_UNWIND_EVENT_NEW_PROCESS && tables_.Known(e.tgid, ticks)) continue;
+      const proc::ProcessKey key{e.tgid, e.tgid_start_ns, e.exec_id};
+      const bool known = tables_.Known(e.tgid, ticks);
+      // The symbolizer's snapshot: taken once per image (first event), again when its mappings
+      // are reloaded (a library loaded since). Read first, so the unwinder reuses its pins.
+      std::shared_ptr<const proc::ProcessInfo> snapshot;
+      auto take_snapshot = [&] {
+        if (processes_ == nullptr) return;
+        if (auto s = processes_->Snapshot(key); s.ok()) snapshot = *std::move(s);
+      };
+      if (e.kind == PS_UNWIND_EVENT_NEW_PROCESS && known) {
+        if (processes_ != nullptr && !processes_->HasSnapshot(key)) take_snapshot();
+        continue;
+      }
       if (auto it = retry_after_.find(e.tgid); it != retry_after_.end()) {
         if (now < it->second && e.kind != PS_UNWIND_EVENT_EXEC) continue;
         retry_after_.erase(it);
       }
       // After an exec the old image's mappings are wrong: reload whatever the rate.
-      absl::Status s = e.kind == PS_UNWIND_EVENT_EXEC
-                           ? tables_.LoadProcess(e.tgid, ticks)
-                           : tables_.RefreshProcess(e.tgid, ticks, now, kRefreshNs);
+      const bool load = e.kind == PS_UNWIND_EVENT_EXEC ||
+                        tables_.RefreshDue(e.tgid, ticks, now, kRefreshNs);
+      if (!load) continue;
+      take_snapshot();
+      absl::Status s = tables_.LoadProcess(e.tgid, ticks, e.exec_id, snapshot.get());
       if (!s.ok()) {
         if (retry_after_.size() >= 65536) retry_after_.clear();
         retry_after_[e.tgid] = now + kRefreshNs * 2;  // a failed load is retried after 1 s

@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "agent/proc/maps.h"
+#include "agent/proc/process_table.h"
 #include "agent/unwind/cfi.h"
 #include "bpf/abi.h"
 
@@ -90,8 +91,16 @@ class UnwindTables {
 
   // Loads (or reloads) the mapping list of process `tgid` whose start time is `start_ticks`
   // (/proc/<tgid>/stat field 22; 0: take it from /proc), building tables for files seen the
-  // first time. NotFound when the process is gone or is another process now.
-  absl::Status LoadProcess(uint32_t tgid, uint64_t start_ticks = 0);
+  // first time. exec_id: the image's (bpf/abi.h "Process identity"), PS_EXEC_ID_UNKNOWN when
+  // not known. `snapshot`, when given, is the process as ProcessTable::Snapshot just read it: its
+  // maps and pinned files are used instead of reading /proc again. NotFound when the process is
+  // gone or is another process now.
+  absl::Status LoadProcess(uint32_t tgid, uint64_t start_ticks = 0,
+                           uint32_t exec_id = PS_EXEC_ID_UNKNOWN,
+                           const proc::ProcessInfo* snapshot = nullptr);
+  // True when RefreshProcess would reload the process now.
+  bool RefreshDue(uint32_t tgid, uint64_t start_ticks, int64_t now_ns,
+                  int64_t min_interval_ns) const;
   // Like LoadProcess for a known process, at most once per `min_interval_ns` (a pc outside its
   // known mappings: a library loaded since).
   absl::Status RefreshProcess(uint32_t tgid, uint64_t start_ticks, int64_t now_ns,
@@ -132,7 +141,8 @@ class UnwindTables {
 
   // The table of the file behind mapping `m` of `tgid`, building it on first sight; nullptr when
   // the file has none (or it could not be loaded: counted). Adds no reference.
-  Table* TableFor(uint32_t tgid, const proc::MapEntry& m);
+  // `pinned`: the file already open (ProcessTable), or null to open it here.
+  Table* TableFor(uint32_t tgid, const proc::MapEntry& m, const proc::PinnedFile* pinned);
   Table* VdsoTable();
   Table* Insert(const std::string& key, UnwindTable&& t);
   void Unref(Table* t);
@@ -170,7 +180,10 @@ class UnwindService {
   // < 0 on error. Borrowed until Stop.
   using Poller = std::function<int(int timeout_ms,
                                    const std::function<void(const ps_unwind_event&)>& handler)>;
-  UnwindService(std::unique_ptr<UnwindMaps> maps, Poller poll, std::string proc_root = "/proc");
+  // `processes` (may be null; borrowed): snapshotted at each process image's first event, so
+  // that the symbolizer finds its mappings and files after it exits.
+  UnwindService(std::unique_ptr<UnwindMaps> maps, Poller poll, std::string proc_root = "/proc",
+                proc::ProcessTable* processes = nullptr);
   ~UnwindService();
 
   // Loads the given processes (all when empty) synchronously, then starts the thread.
@@ -183,6 +196,7 @@ class UnwindService {
 
   std::unique_ptr<UnwindMaps> maps_;
   Poller poll_;
+  proc::ProcessTable* processes_;
   mutable std::mutex mu_;
   UnwindTables tables_;
   std::atomic<bool> stop_{false};

@@ -455,7 +455,7 @@ std::vector<std::string> ProfileFiles(const std::string& dir, int pid, const std
     if (!e.is_regular_file()) continue;
     std::string name = e.path().filename();
     if (!absl::StartsWith(name, prefix) || !absl::EndsWith(name, ".pb.gz")) continue;
-    if (pid != 0 && e.path().parent_path().filename() != std::to_string(pid)) continue;
+    if (pid != 0 && e.path().parent_path().parent_path().filename() != std::to_string(pid)) continue;
     out.push_back(e.path());
   }
   std::sort(out.begin(), out.end());

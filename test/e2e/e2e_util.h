@@ -97,7 +97,7 @@ int64_t ParseGoDuration(const std::string& text);
 // ignored).
 std::map<std::string, std::string> KeyValues(const std::string& line);
 
-// Files under dir matching "<dir>/<pid>/<prefix>*.pb.gz" (pid 0 = any).
+// Files under dir matching "<dir>/<pid>/<start ticks>.<exec id>/<prefix>*.pb.gz" (pid 0 = any).
 std::vector<std::string> ProfileFiles(const std::string& dir, int pid, const std::string& prefix);
 
 // A fresh temporary directory, removed by the destructor.

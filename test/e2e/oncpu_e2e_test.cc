@@ -151,7 +151,7 @@ TEST_CASE("e2e: system-wide run profiles every sampled process with kernel frame
   for (const auto& f : files) {
     RawProfile p = ReadWithPprof(f);
     samples_in_files += p.Total(0);
-    pids.insert(std::filesystem::path(f).parent_path().filename());
+    pids.insert(std::filesystem::path(f).parent_path().parent_path().filename());
   }
   CHECK(samples_in_files == in_profiles);
   REQUIRE(pids.count(std::to_string(pid)) == 1);

@@ -1,6 +1,10 @@
 #include "agent/proc/process_table.h"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -56,9 +60,12 @@ TEST_CASE("ProcessTable reads a process from the fixture root") {
   CHECK((*info)->key == kKey);
   CHECK((*info)->comm == "myserver");
   CHECK((*info)->exe_path.empty());
-  REQUIRE((*info)->maps.size() == 9);
-  CHECK((*info)->maps[0].start == 0x55d4c8a3b000);
-  CHECK((*info)->maps[8].path == "[vdso]");
+  // Executable mappings only: the only ones a pc can be in.
+  REQUIRE((*info)->maps.size() == 4);
+  CHECK((*info)->maps[0].start == 0x55d4c8a3f000);
+  CHECK((*info)->maps[3].path == "[vdso]");
+  CHECK((*info)->files.size() == 4);
+  CHECK_FALSE((*info)->snapshot);
   CHECK(table.size() == 1);
   CHECK(table.vanished() == 0);
   CHECK(table.read_errors() == 0);
@@ -95,7 +102,7 @@ TEST_CASE("ProcessTable reports missing processes once per window") {
   CHECK(absl::IsNotFound(r.status()));
   CHECK(table.vanished() == 1);
   CHECK(absl::IsNotFound(table.Get(gone).status()));
-  CHECK(table.FindMapping(gone, 0x55d4c8a3f000) == nullptr);
+  CHECK(!table.FindMapping(gone, 0x55d4c8a3f000));
   CHECK(table.vanished() == 1);  // cached failure, no new read
   table.EndWindow();
   CHECK(absl::IsNotFound(table.Get(gone).status()));
@@ -108,25 +115,17 @@ TEST_CASE("ProcessInfo::FindMapping: start inclusive, end exclusive") {
   auto info = table.Get(kKey);
   REQUIRE(info.ok());
   const ProcessInfo& p = **info;
-  // First executable segment 55d4c8a3f000-55d4c8a52000, followed directly by 55d4c8a52000.
+  // The executable segment 55d4c8a3f000-55d4c8a52000; the read-only one after it is not kept.
   const MapEntry* m = p.FindMapping(0x55d4c8a3f000);
   REQUIRE(m != nullptr);
   CHECK(m->start == 0x55d4c8a3f000);
   CHECK(m->perms == "r-xp");
   CHECK(p.FindMapping(0x55d4c8a51fff) == m);
-  m = p.FindMapping(0x55d4c8a52000);
-  REQUIRE(m != nullptr);
-  CHECK(m->start == 0x55d4c8a52000);
-  CHECK(m->perms == "r--p");
-  // Gap 55d4c8a58000-55d4c8a5a000.
-  CHECK(p.FindMapping(0x55d4c8a57fff) == m);
-  CHECK(p.FindMapping(0x55d4c8a58000) == nullptr);
-  CHECK(p.FindMapping(0x55d4c8a59fff) == nullptr);
-  REQUIRE(p.FindMapping(0x55d4c8a5a000) != nullptr);
+  CHECK(p.FindMapping(0x55d4c8a52000) == nullptr);
+  CHECK(p.FindMapping(0x55d4c8a5a000) == nullptr);
   // Before the first and at/after the last mapping.
   CHECK(p.FindMapping(0) == nullptr);
-  CHECK(p.FindMapping(0x55d4c8a3afff) == nullptr);
-  REQUIRE(p.FindMapping(0x55d4c8a3b000) != nullptr);
+  CHECK(p.FindMapping(0x55d4c8a3efff) == nullptr);
   REQUIRE(p.FindMapping(0x7ffd5e1fbfff) != nullptr);
   CHECK(p.FindMapping(0x7ffd5e1fbfff)->path == "[vdso]");
   CHECK(p.FindMapping(0x7ffd5e1fc000) == nullptr);
@@ -138,26 +137,29 @@ TEST_CASE("ProcessInfo::FindMapping: start inclusive, end exclusive") {
 
 TEST_CASE("ProcessTable::FindMapping and HostPath") {
   ProcessTable table(kRoot);
-  const MapEntry* libc = table.FindMapping(kKey, 0x7f1b3404e000 + 0x1234);
-  REQUIRE(libc != nullptr);
+  MappingRef libc = table.FindMapping(kKey, 0x7f1b3404e000 + 0x1234);
+  REQUIRE(libc);
   CHECK(libc->path == "/usr/lib/x86_64-linux-gnu/libc.so.6");
   CHECK(libc->offset == 0x26000);
-  CHECK(table.HostPath(kKey, *libc) == kRoot + "/4242/root/usr/lib/x86_64-linux-gnu/libc.so.6");
+  CHECK(libc.file == nullptr);  // read at flush (Get), not pinned
+  // map_files/ first (the file itself, whatever the process's root), then root + path.
+  CHECK(table.HostPaths(libc) ==
+        std::vector<std::string>{kRoot + "/4242/map_files/7f1b3404e000-7f1b341a3000",
+                                 kRoot + "/4242/root/usr/lib/x86_64-linux-gnu/libc.so.6"});
 
-  const MapEntry* jit = table.FindMapping(kKey, 0x7f1b33c40fff);
-  REQUIRE(jit != nullptr);
+  MappingRef jit = table.FindMapping(kKey, 0x7f1b33c40fff);
+  REQUIRE(jit);
   CHECK(jit->deleted);
-  CHECK(table.HostPath(kKey, *jit) == kRoot + "/4242/map_files/7f1b33c00000-7f1b33c41000");
+  CHECK(table.HostPaths(jit) ==
+        std::vector<std::string>{kRoot + "/4242/map_files/7f1b33c00000-7f1b33c41000"});
 
-  const MapEntry* vdso = table.FindMapping(kKey, 0x7ffd5e1fa000);
-  REQUIRE(vdso != nullptr);
-  CHECK(table.HostPath(kKey, *vdso).empty());
-  const MapEntry* heap = table.FindMapping(kKey, 0x55d4c9f0e000);
-  REQUIRE(heap != nullptr);
-  CHECK(table.HostPath(kKey, *heap).empty());
+  MappingRef vdso = table.FindMapping(kKey, 0x7ffd5e1fa000);
+  REQUIRE(vdso);
+  CHECK(table.HostPaths(vdso).empty());
+  CHECK(!table.FindMapping(kKey, 0x55d4c9f0e000));  // [heap]: not executable
 
-  CHECK(table.FindMapping(kKey, 0x1000) == nullptr);
-  CHECK(table.FindMapping({4242, TicksToNs(200000)}, 0x7f1b3404e000) == nullptr);
+  CHECK(!table.FindMapping(kKey, 0x1000));
+  CHECK(!table.FindMapping({4242, TicksToNs(200000)}, 0x7f1b3404e000));
 }
 
 TEST_CASE("ProcessTable re-reads maps on a miss at most once per window") {
@@ -168,21 +170,21 @@ TEST_CASE("ProcessTable re-reads maps on a miss at most once per window") {
   root.AppendMaps(4242, "7f1b40000000-7f1b40010000 r-xp 00000000 fd:01 77 /usr/lib/libdl1.so");
 
   // Maps were read by Get in this window: no re-read yet.
-  CHECK(table.FindMapping(kKey, kPlugin) == nullptr);
+  CHECK(!table.FindMapping(kKey, kPlugin));
   table.EndWindow();
   CHECK(table.size() == 1);  // used in the window that ended
 
-  const MapEntry* m = table.FindMapping(kKey, kPlugin);
-  REQUIRE(m != nullptr);
+  MappingRef m = table.FindMapping(kKey, kPlugin);
+  REQUIRE(m);
   CHECK(m->path == "/usr/lib/libdl1.so");
   CHECK(m->inode == 77);
 
   // Another library in the same window: no second re-read.
   root.AppendMaps(4242, "7f1b50000000-7f1b50010000 r-xp 00000000 fd:01 78 /usr/lib/libdl2.so");
-  CHECK(table.FindMapping(kKey, 0x7f1b50000000) == nullptr);
+  CHECK(!table.FindMapping(kKey, 0x7f1b50000000));
   table.EndWindow();
   m = table.FindMapping(kKey, 0x7f1b50000000);
-  REQUIRE(m != nullptr);
+  REQUIRE(m);
   CHECK(m->path == "/usr/lib/libdl2.so");
   CHECK(table.vanished() == 0);
   CHECK(table.read_errors() == 0);
@@ -194,10 +196,10 @@ TEST_CASE("ProcessTable keeps cached maps when the process exits") {
   REQUIRE(table.Get(kKey).ok());
   table.EndWindow();
   root.Remove(4242);
-  CHECK(table.FindMapping(kKey, 0x10) == nullptr);  // miss -> re-read fails
+  CHECK(!table.FindMapping(kKey, 0x10));  // miss -> re-read fails
   CHECK(table.vanished() == 1);
-  const MapEntry* m = table.FindMapping(kKey, 0x55d4c8a3f000);
-  REQUIRE(m != nullptr);
+  MappingRef m = table.FindMapping(kKey, 0x55d4c8a3f000);
+  REQUIRE(m);
   CHECK(m->path == "/usr/bin/myserver");
   CHECK(table.Get(kKey).ok());
 }
@@ -311,26 +313,99 @@ TEST_CASE("ProcessTable against the real /proc/self") {
   CHECK_FALSE((*info)->maps.empty());
 
   CHECK(FunctionInTestBinary(1) == 4);
-  const MapEntry* text =
-      table.FindMapping(self, reinterpret_cast<uintptr_t>(&FunctionInTestBinary));
-  REQUIRE(text != nullptr);
+  MappingRef text = table.FindMapping(self, reinterpret_cast<uintptr_t>(&FunctionInTestBinary));
+  REQUIRE(text);
   CHECK(text->executable());
   CHECK(text->file_backed());
   CHECK(text->path == *exe);
-  std::string host = table.HostPath(self, *text);
-  CHECK(host == absl::StrCat("/proc/", getpid(), "/root", *exe));
-  CHECK(access(host.c_str(), R_OK) == 0);
+  std::vector<std::string> hosts = table.HostPaths(text);
+  REQUIRE(hosts.size() == 2);
+  CHECK(hosts[1] == absl::StrCat("/proc/", getpid(), "/root", *exe));
+  for (const std::string& h : hosts) CHECK(access(h.c_str(), R_OK) == 0);
 
   int on_stack = 0;
-  const MapEntry* stack = table.FindMapping(self, reinterpret_cast<uintptr_t>(&on_stack));
-  REQUIRE(stack != nullptr);
-  CHECK(stack->path == "[stack]");
+  CHECK(!table.FindMapping(self, reinterpret_cast<uintptr_t>(&on_stack)));  // not executable
 
   auto reused = table.Get({self.tgid, self.start_boot_ns + TicksToNs(2)});
   REQUIRE_FALSE(reused.ok());
   CHECK(absl::IsNotFound(reused.status()));
   CHECK(table.vanished() == 1);
   CHECK(table.read_errors() == 0);
+}
+
+// A child that maps a copy of /bin/true's text from a file it then deletes, and waits.
+TEST_CASE("ProcessTable::Snapshot pins mapped files: readable after deletion and exit") {
+  TempProcRoot scratch;  // a temporary directory
+  const std::string copy = scratch.dir() + "/mapped.bin";
+  fs::copy_file("/bin/true", copy);
+  int pipefd[2];
+  REQUIRE(pipe(pipefd) == 0);
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    int fd = open(copy.c_str(), O_RDONLY);
+    void* p = fd < 0 ? MAP_FAILED : mmap(nullptr, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0);
+    char c = p == MAP_FAILED ? 'e' : 'm';
+    (void)!write(pipefd[1], &c, 1);
+    pause();
+    _exit(0);
+  }
+  close(pipefd[1]);
+  char c = 0;
+  REQUIRE(read(pipefd[0], &c, 1) == 1);
+  close(pipefd[0]);
+  REQUIRE(c == 'm');
+  fs::remove(copy);
+
+  auto stat_text = ReadFileToString(absl::StrCat("/proc/", child, "/stat"));
+  REQUIRE(stat_text.ok());
+  auto st = ParseStat(*stat_text);
+  REQUIRE(st.ok());
+  const ProcessKey key{static_cast<uint32_t>(child), TicksToNs(st->start_time_ticks), 7};
+  ProcessTable table;
+  auto snap = table.Snapshot(key);
+  INFO(snap.status().ToString());
+  REQUIRE(snap.ok());
+  CHECK((*snap)->snapshot);
+  CHECK(table.HasSnapshot(key));
+  CHECK_FALSE(table.HasSnapshot({key.tgid, key.start_boot_ns, 8}));  // another image
+  const MapEntry* deleted = nullptr;
+  const PinnedFile* pinned = nullptr;
+  for (size_t i = 0; i < (*snap)->maps.size(); ++i) {
+    if ((*snap)->maps[i].deleted) {
+      deleted = &(*snap)->maps[i];
+      pinned = (*snap)->files[i].get();
+    }
+  }
+  REQUIRE(deleted != nullptr);
+  CHECK(deleted->path == copy);
+  REQUIRE(pinned != nullptr);
+  const size_t pins = table.pinned_files();
+  CHECK(pins >= 2);  // the deleted copy, libc, ld.so, the test binary
+
+  kill(child, SIGKILL);
+  REQUIRE(waitpid(child, nullptr, 0) == child);
+  table.EndWindow();  // snapshotted in that window: kept
+  MappingRef m = table.FindMapping(key, deleted->start);
+  REQUIRE(m);
+  REQUIRE(m.file == pinned);
+  std::vector<std::string> hosts = table.HostPaths(m);
+  REQUIRE_FALSE(hosts.empty());
+  CHECK(hosts[0] == pinned->path());
+  // The pinned file is the deleted copy, byte for byte (/bin/true's ELF magic).
+  std::ifstream in(hosts[0], std::ios::binary);
+  char magic[4] = {};
+  in.read(magic, 4);
+  CHECK(std::string(magic, 4) == "\x7f" "ELF");
+  snap = absl::StatusOr<std::shared_ptr<const ProcessInfo>>();
+  m = MappingRef();
+  table.EndWindow();  // used in the last window: kept
+  CHECK(table.size() == 1);
+  table.EndWindow();  // idle for a window: released, files closed
+  CHECK(table.size() == 0);
+  CHECK(table.pinned_files() == 0);
+  CHECK(access(pinned == nullptr ? "" : hosts[0].c_str(), F_OK) != 0);
+  CHECK(table.snapshots() == 1);
 }
 
 }  // namespace
