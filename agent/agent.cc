@@ -1,8 +1,11 @@
 #include "agent/agent.h"
 
 #include <malloc.h>
-#include <time.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/signalfd.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <iostream>
 #include <memory>
@@ -21,6 +24,7 @@
 #include "agent/profile/profile_set.h"
 #include "agent/profile/summary.h"
 #include "agent/proc/process_table.h"
+#include "agent/proc/targets.h"
 #include "agent/server/http_server.h"
 #include "agent/server/metric_names.h"
 #include "agent/server/metrics.h"
@@ -33,22 +37,39 @@
 namespace parascope {
 namespace {
 
-// Waits until the monotonic deadline or a blocked SIGINT/SIGTERM. True when a signal arrived.
-bool WaitForDeadlineOrSignal(int64_t deadline_ns) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
+enum class Wake { kDeadline, kSignal, kTargetsExited };
+
+// Waits until the monotonic deadline, a blocked SIGINT/SIGTERM (read from `signal_fd`, a
+// signalfd(2) for both), or the exit of the last --pid target (its pidfd becomes readable).
+// Exited targets are removed from the BPF pid filter as they are seen.
+Wake WaitForWake(int64_t deadline_ns, int signal_fd, proc::TargetProcesses* targets,
+                 BpfPrograms* bpf) {
   for (;;) {
-    int64_t left = deadline_ns - MonotonicNowNs();
-    if (left <= 0) return false;
-    timespec ts{static_cast<time_t>(left / 1000000000), static_cast<long>(left % 1000000000)};
-    int sig = sigtimedwait(&set, nullptr, &ts);
-    if (sig == SIGINT || sig == SIGTERM) {
-      Log(LogLevel::kInfo, "received %s: flushing the current window", strsignal(sig));
-      return true;
+    if (!targets->empty()) {
+      for (uint32_t tgid : targets->ReapExited()) {
+        bpf->StopTracking(tgid);
+        Log(LogLevel::kInfo, "target %d exited", tgid);
+      }
+      if (targets->all_exited()) {
+        Log(LogLevel::kInfo, "every target exited: flushing the current window");
+        return Wake::kTargetsExited;
+      }
     }
-    // EAGAIN: timeout; EINTR: another signal; loop re-checks the deadline.
+    int64_t left = deadline_ns - MonotonicNowNs();
+    if (left <= 0) return Wake::kDeadline;
+    std::vector<pollfd> fds{{signal_fd, POLLIN, 0}};
+    for (int fd : targets->live_fds()) fds.push_back({fd, POLLIN, 0});
+    const int timeout_ms = static_cast<int>(std::min<int64_t>((left + 999999) / 1000000, 1 << 30));
+    int n = poll(fds.data(), fds.size(), timeout_ms);
+    if (n <= 0) continue;  // timeout or EINTR: re-check the deadline
+    if (fds[0].revents & POLLIN) {
+      signalfd_siginfo si{};
+      if (read(signal_fd, &si, sizeof(si)) == sizeof(si)) {
+        Log(LogLevel::kInfo, "received %s: flushing the current window",
+            strsignal(static_cast<int>(si.ssi_signo)));
+        return Wake::kSignal;
+      }
+    }
   }
 }
 
@@ -336,6 +357,20 @@ std::vector<server::CallbackRegistration> RegisterExporterMetrics(
 absl::Status RunAgent(const Config& config) {
   InstallLibbpfLogger();
   PS_RETURN_IF_ERROR(ProbeBpfEnvironment());
+  // The --pid targets' identities, fixed now: a pid that does not exist is an error, and a
+  // process that later gets a target's pid is never profiled.
+  PS_ASSIGN_OR_RETURN(proc::TargetProcesses targets, proc::TargetProcesses::Pin(config.pids));
+  // SIGINT/SIGTERM are blocked in every thread (main.cc); the window loop reads them here.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  const int signal_fd = signalfd(-1, &stop_signals, SFD_CLOEXEC);
+  if (signal_fd < 0) return ErrnoStatus(errno, "signalfd");
+  struct CloseFd {
+    int fd;
+    ~CloseFd() { close(fd); }
+  } close_signal_fd{signal_fd};
 
   // Push exporter first: bad TLS files or secrets fail before anything is loaded.
   std::unique_ptr<SeriesLabeler> labeler;
@@ -458,12 +493,14 @@ absl::Status RunAgent(const Config& config) {
 
   WindowSchedule schedule(bpf->start_mono_ns(), absl::ToInt64Nanoseconds(config.collect_interval),
                           absl::ToInt64Nanoseconds(config.duration));
-  uint64_t windows = 0, profiles_written = 0, export_errors = 0;
+  uint64_t windows = 0, profiles_written = 0, export_errors = 0, impostor_records = 0;
+  RateLimitedLog impostor_log;
   RateLimitedLog export_log;
   bool stop = false;
   int64_t cpu_loop_end = ThreadCpuNs();
   while (!stop) {
-    stop = WaitForDeadlineOrSignal(schedule.boundary_ns()) || schedule.final();
+    stop = WaitForWake(schedule.boundary_ns(), signal_fd, &targets, bpf.get()) != Wake::kDeadline ||
+           schedule.final();
     const int64_t cpu0 = ThreadCpuNs();
     Log(LogLevel::kDebug, "between windows: agent CPU ms %.1f", (cpu0 - cpu_loop_end) / 1e6);
     auto data = bpf->Drain(stop);
@@ -489,6 +526,15 @@ absl::Status RunAgent(const Config& config) {
     int64_t cpu_build = 0, cpu_export = 0;
     size_t profiles_this_window = 0;
     for (const auto& [key, index] : by_process) {
+      if (!targets.empty() && !targets.Matches(key)) {
+        // A process that got an exited target's pid before the filter dropped it: never
+        // profiled as the target.
+        impostor_records += index.oncpu.size() + index.offcpu.size() + index.runtime.size();
+        impostor_log.Log(LogLevel::kInfo,
+                         "ignored pid %d: another process than the --pid target (pid reused)",
+                         key.tgid);
+        continue;
+      }
       const int64_t c0 = ThreadCpuNs();
       // Off-CPU first: the wall profile then starts as a copy of the off_cpu one.
       for (uint32_t i : index.offcpu) profile_set.AddOffCpu(data->offcpu[i]);

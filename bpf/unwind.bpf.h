@@ -24,6 +24,9 @@
 /* TASK_SIZE_MAX with 4-level paging, minus the guard page (arch/x86/include/asm/page_64.h);
  * 5-level paging raises it, user pcs above are then rejected as impossible frames. */
 #define PS_USER_ADDR_MAX 0x00007ffffffff000ULL
+/* No code lives in the first page: vm.mmap_min_addr is at least 4096 (mm/Kconfig
+ * DEFAULT_MMAP_MIN_ADDR; 65536 on Debian and most distributions). */
+#define PS_USER_ADDR_MIN 0x1000ULL
 /* A sample interrupted user mode when its pc is a user address (kernel text is in the upper
  * half); this avoids reading pt_regs::cs, whose type changed (FRED, 6.9). */
 static __always_inline int ps_regs_user_mode(struct pt_regs *regs) {
@@ -304,6 +307,10 @@ __attribute__((noinline)) int ps_unwind_frame(__u32 i) {
     } else if (fp_rule == PS_FP_UNDEFINED) {
       next_fp = 0;
     }
+    if (ra != 0 && ra < PS_USER_ADDR_MIN) {
+      w->outcome = PS_UNWIND_BAD_FRAME;
+      return 0;
+    }
     __u32 signal = row->flags & PS_ROW_SIGNAL;
     /* The caller's frame lies above this one, except across a signal (sigaltstack). */
     if (!signal && cfa <= sp) {
@@ -320,6 +327,13 @@ __attribute__((noinline)) int ps_unwind_frame(__u32 i) {
       return 0;
     }
     if (ps_read_user_u64(fp + 8, &ra) || ps_read_user_u64(fp, &next_fp)) {
+      w->outcome = no_table;
+      return 0;
+    }
+    /* Junk instead of a frame (code without frame pointers): a return address at page zero
+     * (below vm.mmap_min_addr, never code) or outside user space ends the walk here instead of
+     * becoming a frame such as 0x0 or 0x3. */
+    if (ra < PS_USER_ADDR_MIN || ra > PS_USER_ADDR_MAX) {
       w->outcome = no_table;
       return 0;
     }

@@ -646,6 +646,10 @@ void BpfPrograms::ScanCpus(int64_t prev_ws, int64_t ws,
   }
 }
 
+void BpfPrograms::StopTracking(uint32_t tgid) {
+  bpf_map__delete_elem(oncpu_->maps.ps_pid_filter, &tgid, sizeof(tgid), 0);
+}
+
 std::vector<BpfPrograms::ProgramStats> BpfPrograms::ProgramRunTimes() const {
   std::vector<ProgramStats> out;
   std::vector<const bpf_program*> progs = {oncpu_->progs.ps_on_cpu_sample,

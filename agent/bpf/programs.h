@@ -77,6 +77,9 @@ class BpfPrograms : public WindowSource {
 
   absl::StatusOr<WindowData> Drain(bool final) override;
   BpfCounters Counters() const override;
+  // Removes tgid from the --pid filter (ps_pid_filter): after a target exits, a process that gets
+  // its pid is not sampled.
+  void StopTracking(uint32_t tgid);
   const BpfMapStats& map_stats() const { return map_stats_; }
   // Unwind tables (agent/unwind/): thread-safe.
   unwind::UnwindTableStats unwind_stats() const;

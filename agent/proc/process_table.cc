@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "agent/proc/read_file.h"
@@ -67,6 +68,16 @@ absl::StatusOr<std::vector<MapEntry>> ProcessTable::ReadMaps(const ProcessKey& k
   maps.erase(std::remove_if(maps.begin(), maps.end(),
                             [](const MapEntry& m) { return !m.executable(); }),
              maps.end());
+  // The kernel prints maps paths relative to the reader's root (seq_path in show_map_vma,
+  // fs/proc/task_mmu.c): for a chrooted process they carry its root directory as a prefix.
+  // Strip it, so the path is the one the process sees (and <root>/<path> opens it).
+  if (absl::StatusOr<std::string> root = ReadLink(ProcDir(key.tgid) + "/root");
+      root.ok() && root->size() > 1 && (*root)[0] == '/') {
+    const std::string prefix = *root + "/";
+    for (MapEntry& m : maps) {
+      if (absl::StartsWith(m.path, prefix)) m.path.erase(0, root->size());
+    }
+  }
   std::sort(maps.begin(), maps.end(),
             [](const MapEntry& a, const MapEntry& b) { return a.start < b.start; });
   PS_RETURN_IF_ERROR(ReadStat(key).status());
