@@ -8,7 +8,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "agent/proc/read_file.h"
 #include "agent/proc/stat.h"
 #include "agent/util/status.h"
@@ -154,6 +156,10 @@ absl::StatusOr<std::shared_ptr<const ProcessInfo>> ProcessTable::Snapshot(const 
   std::shared_ptr<ProcessInfo> info = *std::move(read);
   info->snapshot = true;
   Pin(info.get());
+  bool jit = false;
+  for (const MapEntry& m : info->maps) {
+    jit |= !m.file_backed() && m.path != "[vdso]" && m.path != "[vsyscall]";
+  }
   std::lock_guard<std::mutex> l(mu_);
   ++snapshots_;
   failed_.erase(key);
@@ -168,6 +174,7 @@ absl::StatusOr<std::shared_ptr<const ProcessInfo>> ProcessTable::Snapshot(const 
   }
   it->second->info = info;
   it->second->maps_read_window = window_;
+  it->second->jit_candidate |= jit;
   return std::shared_ptr<const ProcessInfo>(std::move(info));
 }
 
@@ -309,6 +316,77 @@ uint64_t ProcessTable::read_errors() const {
 uint64_t ProcessTable::snapshots() const {
   std::lock_guard<std::mutex> l(mu_);
   return snapshots_;
+}
+
+std::shared_ptr<const PinnedFile> ProcessTable::OpenPerfMap(const ProcessKey& key,
+                                                            std::string* seen) const {
+  const std::string dir = ProcDir(key.tgid);
+  absl::StatusOr<std::string> status = ReadFileToString(dir + "/status");
+  if (!status.ok()) return nullptr;
+  uint32_t nspid = key.tgid;
+  for (absl::string_view line : absl::StrSplit(*status, '\n')) {
+    if (!absl::ConsumePrefix(&line, "NStgid:")) continue;
+    std::vector<absl::string_view> ids =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    uint32_t v = 0;
+    if (!ids.empty() && absl::SimpleAtoi(ids.back(), &v) && v != 0) nspid = v;
+    break;
+  }
+  *seen = absl::StrCat("/tmp/perf-", nspid, ".map");
+  int fd = open(absl::StrCat(dir, "/root", *seen).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return nullptr;
+  struct ::stat st {};
+  // The pid may have been reused between reading status and the open.
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || !ReadStat(key).ok()) {
+    close(fd);
+    return nullptr;
+  }
+  return std::make_shared<const PinnedFile>(fd, st);
+}
+
+std::shared_ptr<const PinnedFile> ProcessTable::PerfMapFile(const ProcessKey& key,
+                                                            std::string* seen_path) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = entries_.find(key);
+    if (it != entries_.end() && it->second->perf_map != nullptr) {
+      *seen_path = it->second->perf_map_path;
+      return it->second->perf_map;
+    }
+  }
+  std::string seen;
+  std::shared_ptr<const PinnedFile> f = OpenPerfMap(key, &seen);
+  if (f == nullptr) return nullptr;
+  std::lock_guard<std::mutex> l(mu_);
+  if (auto it = entries_.find(key); it != entries_.end()) {
+    it->second->perf_map = f;
+    it->second->perf_map_path = seen;
+  }
+  *seen_path = seen;
+  return f;
+}
+
+void ProcessTable::PollPerfMaps(int64_t now_ns) {
+  std::vector<ProcessKey> todo;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [key, e] : entries_) {
+      if (e->jit_candidate && e->perf_map == nullptr && e->perf_map_next_try_ns <= now_ns) {
+        e->perf_map_next_try_ns = now_ns + 1000000000;
+        todo.push_back(key);
+      }
+    }
+  }
+  for (const ProcessKey& key : todo) {
+    std::string seen;
+    std::shared_ptr<const PinnedFile> f = OpenPerfMap(key, &seen);
+    if (f == nullptr) continue;
+    std::lock_guard<std::mutex> l(mu_);
+    if (auto it = entries_.find(key); it != entries_.end()) {
+      it->second->perf_map = std::move(f);
+      it->second->perf_map_path = std::move(seen);
+    }
+  }
 }
 
 std::vector<std::string> ProcessTable::HostPaths(const MappingRef& m) const {

@@ -150,6 +150,17 @@ class ProcessTable {
   // Snapshots taken.
   uint64_t snapshots() const;
 
+  // The process's perf map (JIT symbols, /tmp/perf-<nspid>.map in its mount namespace, nspid its
+  // pid in its own pid namespace: the last NStgid: field of /proc/<pid>/status) held open, opening
+  // it now if the process still runs; null if it has none. *seen_path gets the path as the
+  // process sees it. Opened files stay with the entry, so they outlive the process.
+  std::shared_ptr<const PinnedFile> PerfMapFile(const ProcessKey& key, std::string* seen_path);
+  // Opens the perf maps of snapshotted processes that have anonymous executable memory (JIT
+  // candidates) but had no perf map yet, each at most once per second: a JIT writes its map
+  // after start, and a short-lived process may be gone by the flush. Called by the unwinder's
+  // thread between events.
+  void PollPerfMaps(int64_t now_ns);
+
   // Paths through which the file behind `m` can be opened from the agent's mount namespace, best
   // first: the pinned file (/proc/self/fd/N); <proc_root>/<tgid>/map_files/<start>-<end> (the
   // mapped file itself, also in other mount namespaces, chroots and after deletion; lowercase hex
@@ -166,7 +177,13 @@ class ProcessTable {
     uint64_t last_used_seq = 0;     // use_seq_ when last returned, for LRU eviction
     uint64_t maps_read_window = 0;  // window_ when maps were last read
     uint64_t created_window = 0;    // window_ when made
+    bool jit_candidate = false;     // has anonymous executable memory
+    int64_t perf_map_next_try_ns = 0;
+    std::shared_ptr<const PinnedFile> perf_map;
+    std::string perf_map_path;      // as the process sees it
   };
+  // Opens <root>/tmp/perf-<nspid>.map of a live `key` (checking its start time after the open).
+  std::shared_ptr<const PinnedFile> OpenPerfMap(const ProcessKey& key, std::string* seen) const;
 
   std::string ProcDir(uint32_t tgid) const;
   // Reads <tgid>/stat and checks its start time matches `key`: NotFound on mismatch.

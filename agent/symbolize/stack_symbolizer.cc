@@ -10,7 +10,7 @@ namespace parascope {
 
 StackSymbolizer::StackSymbolizer(proc::ProcessTable* processes, symbolize::ElfCache* elf_cache,
                                  const symbolize::Kallsyms* kallsyms)
-    : processes_(processes), elf_cache_(elf_cache), kallsyms_(kallsyms) {}
+    : processes_(processes), elf_cache_(elf_cache), kallsyms_(kallsyms), perf_maps_(processes) {}
 
 void StackSymbolizer::AddKernelFrames(PprofBuilder& builder, absl::Span<const uint64_t> ips,
                                       std::vector<uint64_t>* out) {
@@ -73,6 +73,23 @@ void StackSymbolizer::AddUserFrames(PprofBuilder& builder, const proc::ProcessKe
     }
     uint64_t lookup_ip = i == 0 ? ip : ip - 1;
     const proc::MappingRef m = processes_->FindMapping(process, lookup_ip);
+    if (!m || !m->file_backed()) {
+      // JIT code (anonymous memory): named by the process's perf map, if it writes one.
+      std::string map_path;
+      if (const symbolize::PerfMapSymbol* js = perf_maps_.Lookup(process, lookup_ip, &map_path)) {
+        ++stats_.jit;
+        MappingSpec spec;
+        spec.memory_start = m ? m->start : js->start;
+        spec.memory_limit = m ? m->end : js->start + js->size;
+        spec.filename = map_path;
+        spec.has_functions = true;
+        uint64_t fid = builder.AddFunction({js->name, js->name, ""});
+        uint64_t loc = builder.AddLocation(builder.AddMapping(spec), ip, {fid});
+        builder.RememberLocation(ip, kind, loc);
+        out->push_back(loc);
+        continue;
+      }
+    }
     if (!m) {
       ++stats_.no_mapping;
       uint64_t loc = builder.AddLocation(0, ip, {});
@@ -147,6 +164,9 @@ void StackSymbolizer::AddUserFrames(PprofBuilder& builder, const proc::ProcessKe
   }
 }
 
-void StackSymbolizer::EndWindow() { window_elfs_.clear(); }
+void StackSymbolizer::EndWindow() {
+  window_elfs_.clear();
+  perf_maps_.EndWindow();
+}
 
 }  // namespace parascope

@@ -16,6 +16,7 @@
 #include "agent/profile/pprof_builder.h"
 #include "agent/symbolize/elf_cache.h"
 #include "agent/symbolize/kallsyms.h"
+#include "agent/symbolize/perf_map.h"
 #include "agent/util/log.h"
 
 namespace parascope {
@@ -28,6 +29,7 @@ struct SymbolizerStats {
   uint64_t no_elf = 0;           // mapping's file unreadable or not ELF
   uint64_t no_symbol = 0;        // ELF read, but no symbol covers the address
   uint64_t kernel_no_symbol = 0; // kernel ip not covered by kallsyms
+  uint64_t jit = 0;              // user ip named from the process's perf map (JIT code)
 };
 
 // Not thread-safe. Borrows the process table, ELF cache and kallsyms (may be null: kernel frames
@@ -66,6 +68,7 @@ class StackSymbolizer {
   symbolize::ElfCache* elf_cache_;
   const symbolize::Kallsyms* kallsyms_;
   SymbolizerStats stats_;
+  symbolize::PerfMaps perf_maps_;
   RateLimitedLog elf_errors_log_;
   // Frame kinds for PprofBuilder's location memo: leaf frames are symbolized at ip, callers at
   // ip - 1, so the same address can map to different lines.

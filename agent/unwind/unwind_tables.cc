@@ -533,6 +533,7 @@ void UnwindService::Loop() {
       }
     }
     tables_.ReleaseQuarantine(now);
+    if (processes_ != nullptr) processes_->PollPerfMaps(now);
     if (now - last_sweep >= kSweepNs) {
       tables_.SweepExited();
       tables_.RetryIncomplete(now, kSweepNs);
