@@ -432,6 +432,10 @@ absl::Status RunAgent(const Config& config) {
   const int64_t unix_minus_mono = RealtimeNowNs() - MonotonicNowNs();
   symbolize::ElfCache elf_cache;
   StackSymbolizer symbolizer(&processes, &elf_cache, kallsyms.get());
+  symbolize::DebugSearch debug_search;
+  debug_search.debug_dirs = config.debug_dirs;
+  symbolize::DwarfCache dwarf_cache(debug_search);
+  symbolizer.SetDwarf(&dwarf_cache);
   ProfileOptions popts;
   popts.period_ns = (1000000000LL + config.sampling_frequency_hz / 2) /
                     config.sampling_frequency_hz;

@@ -48,6 +48,9 @@ ABSL_FLAG(std::string, service_name, "", "service_name of pushed series for a --
 ABSL_FLAG(bool, pid_label, false, "add a pid label to pushed series (high cardinality)");
 ABSL_FLAG(int64_t, queue_max_bytes, int64_t{64} << 20,
           "bound of the push queue in bytes; the oldest profiles are dropped beyond it");
+ABSL_FLAG(std::vector<std::string>, debug_dirs, {"/usr/lib/debug"},
+          "directories of separate debug files (.build-id/xx/yyyy.debug, or the binary's path "
+          "below them for .gnu_debuglink), comma-separated, searched in order");
 ABSL_FLAG(int64_t, unwind_table_bytes, int64_t{32} << 20,
           "BPF memory for .eh_frame unwind tables in bytes (16 per row; libc takes ~450 KiB); "
           "unused tables are evicted least recently used first, code without a table is unwound "
@@ -133,6 +136,12 @@ int main(int argc, char** argv) {
   config.queue_max_bytes = absl::GetFlag(FLAGS_queue_max_bytes);
   config.shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);
   config.unwind_table_bytes = absl::GetFlag(FLAGS_unwind_table_bytes);
+  config.debug_dirs = absl::GetFlag(FLAGS_debug_dirs);
+  for (const std::string& d : config.debug_dirs) {
+    if (d.empty() || d[0] != '/') {
+      return UsageError("--debug-dirs: '" + d + "' is not an absolute directory");
+    }
+  }
   config.http_address = absl::GetFlag(FLAGS_http_address);
   config.print_summary = absl::GetFlag(FLAGS_print_summary);
   config.summary_processes = absl::GetFlag(FLAGS_summary_processes);

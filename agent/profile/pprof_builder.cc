@@ -98,6 +98,31 @@ uint64_t PprofBuilder::AddLocation(uint64_t mapping_id, uint64_t address,
   return id;
 }
 
+uint64_t PprofBuilder::AddLocationLines(uint64_t mapping_id, uint64_t address,
+                                        absl::Span<const LineRef> lines) {
+  // Key: function ids with their line numbers folded in (ids and lines alternate, with the high
+  // bit set on the lines so they never equal a plain function-id list).
+  LocationKey key{mapping_id, address, {}};
+  for (const LineRef& l : lines) {
+    key.function_ids.push_back(l.function_id);
+    key.function_ids.push_back(static_cast<uint64_t>(l.line) | (uint64_t{1} << 63));
+  }
+  auto it = locations_.find(key);
+  if (it != locations_.end()) return it->second;
+  auto* pl = profile_.add_location();
+  uint64_t id = profile_.location_size();
+  pl->set_id(id);
+  pl->set_mapping_id(mapping_id);
+  pl->set_address(address);
+  for (const LineRef& l : lines) {
+    auto* line = pl->add_line();
+    line->set_function_id(l.function_id);
+    if (l.line > 0) line->set_line(l.line);
+  }
+  locations_.emplace(std::move(key), id);
+  return id;
+}
+
 uint64_t PprofBuilder::AddSyntheticLocation(absl::string_view name) {
   uint64_t fid = AddFunction({std::string(name), std::string(name), ""});
   return AddLocation(0, 0, {fid});

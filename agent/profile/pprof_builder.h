@@ -52,6 +52,13 @@ struct FunctionSpec {
   std::string filename;     // source file, "" if unknown
 };
 
+// One Line of a Location (profile.proto Line): a function id from AddFunction and a source line
+// (0 = unknown).
+struct LineRef {
+  uint64_t function_id = 0;
+  int64_t line = 0;
+};
+
 // Accumulates samples of one profile. Strings, Mappings, Functions and Locations are interned
 // (ids are 1-based and dense, string 0 is ""); samples with identical location lists and labels
 // are merged by adding values. Not thread-safe.
@@ -69,6 +76,10 @@ class PprofBuilder {
   // first (empty = unsymbolized). Dedups on (mapping_id, address, function_ids).
   uint64_t AddLocation(uint64_t mapping_id, uint64_t address,
                        absl::Span<const uint64_t> function_ids);
+  // The same with line numbers: `lines` innermost first, the last one the function the others
+  // were inlined into (profile.proto, Location.line).
+  uint64_t AddLocationLines(uint64_t mapping_id, uint64_t address,
+                            absl::Span<const LineRef> lines);
   // A synthetic frame such as "[unknown]" or "[truncated]": a Location without mapping whose one
   // Function is `name`.
   uint64_t AddSyntheticLocation(absl::string_view name);

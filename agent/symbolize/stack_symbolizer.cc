@@ -1,16 +1,21 @@
 #include "agent/symbolize/stack_symbolizer.h"
 
+#include <unistd.h>
+
 #include <limits>
 
 #include "absl/hash/hash.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace parascope {
 
 StackSymbolizer::StackSymbolizer(proc::ProcessTable* processes, symbolize::ElfCache* elf_cache,
                                  const symbolize::Kallsyms* kallsyms)
     : processes_(processes), elf_cache_(elf_cache), kallsyms_(kallsyms), perf_maps_(processes) {}
+
+void StackSymbolizer::SetDwarf(symbolize::DwarfCache* dwarf) { dwarf_ = dwarf; }
 
 void StackSymbolizer::AddKernelFrames(PprofBuilder& builder, absl::Span<const uint64_t> ips,
                                       std::vector<uint64_t>* out) {
@@ -146,10 +151,30 @@ void StackSymbolizer::AddUserFrames(PprofBuilder& builder, const proc::ProcessKe
     }
     uint64_t mapping_id = builder.AddMapping(spec);
     const symbolize::ElfSymbol* sym = nullptr;
+    std::optional<uint64_t> vaddr;
     if (elf != nullptr) {
-      std::optional<uint64_t> vaddr = elf->FileOffsetToVaddr(lookup_ip - spec.memory_start +
-                                                             spec.file_offset);
+      vaddr = elf->FileOffsetToVaddr(lookup_ip - spec.memory_start + spec.file_offset);
       if (vaddr) sym = elf->Lookup(*vaddr);
+    }
+    // DWARF lines and inlined frames, or symbols of a separate debug file / MiniDebugInfo.
+    if (vaddr && dwarf_ != nullptr) {
+      std::shared_ptr<symbolize::DwarfFile> dw = DwarfFor(process, m, *elf);
+      if (dw != nullptr && (sym == nullptr || dw->HasDwarf())) {
+        const std::vector<symbolize::SourceFrame>& frames = dw->Symbolize(*vaddr);
+        if (!frames.empty()) {
+          std::vector<LineRef> lines;
+          lines.reserve(frames.size());
+          for (const symbolize::SourceFrame& f : frames) {
+            lines.push_back({builder.AddFunction({f.name, f.system_name, f.file}), f.line});
+          }
+          if (dw->HasDwarf()) ++stats_.dwarf;
+          if (sym == nullptr) ++stats_.debug_file_symbol;
+          uint64_t loc = builder.AddLocationLines(mapping_id, ip, lines);
+          builder.RememberLocation(ip, kind, loc);
+          out->push_back(loc);
+          continue;
+        }
+      }
     }
     uint64_t loc;
     if (sym == nullptr) {
@@ -162,6 +187,23 @@ void StackSymbolizer::AddUserFrames(PprofBuilder& builder, const proc::ProcessKe
     builder.RememberLocation(ip, kind, loc);
     out->push_back(loc);
   }
+}
+
+std::shared_ptr<symbolize::DwarfFile> StackSymbolizer::DwarfFor(const proc::ProcessKey& process,
+                                                                const proc::MappingRef& m,
+                                                                const symbolize::ElfFile& elf) {
+  const std::string key = !elf.build_id().empty()
+                              ? absl::StrCat("b:", elf.build_id())
+                              : absl::StrCat("f:", m->dev_major, ":", m->dev_minor, ":", m->inode,
+                                             ":", m->path);
+  std::vector<std::string> paths = processes_->HostPaths(m);
+  if (paths.empty()) return nullptr;
+  // The binary's directory for the .gnu_debuglink search: in the process's view while it runs,
+  // else on the host (where most binaries are the same files).
+  std::string dir = m->path.substr(0, m->path.find_last_of('/'));
+  std::string root = absl::StrCat("/proc/", process.tgid, "/root");
+  std::string seen_dir = access((root + dir).c_str(), X_OK) == 0 ? root + dir : dir;
+  return dwarf_->Get(key, paths.front(), seen_dir);
 }
 
 void StackSymbolizer::EndWindow() {

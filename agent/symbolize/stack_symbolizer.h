@@ -14,6 +14,7 @@
 #include "absl/types/span.h"
 #include "agent/proc/process_table.h"
 #include "agent/profile/pprof_builder.h"
+#include "agent/symbolize/dwarf.h"
 #include "agent/symbolize/elf_cache.h"
 #include "agent/symbolize/kallsyms.h"
 #include "agent/symbolize/perf_map.h"
@@ -30,6 +31,8 @@ struct SymbolizerStats {
   uint64_t no_symbol = 0;        // ELF read, but no symbol covers the address
   uint64_t kernel_no_symbol = 0; // kernel ip not covered by kallsyms
   uint64_t jit = 0;              // user ip named from the process's perf map (JIT code)
+  uint64_t dwarf = 0;            // user ip with DWARF source lines (and inlined frames)
+  uint64_t debug_file_symbol = 0;// user ip named only by a debug file or MiniDebugInfo
 };
 
 // Not thread-safe. Borrows the process table, ELF cache and kallsyms (may be null: kernel frames
@@ -57,6 +60,9 @@ class StackSymbolizer {
 
   const SymbolizerStats& stats() const { return stats_; }
 
+  // Source lines, inlined frames and separate debug files (borrowed; null: ELF symbols only).
+  void SetDwarf(symbolize::DwarfCache* dwarf);
+
   // Forgets the per-window file lookups (files may be replaced between windows).
   void EndWindow();
 
@@ -67,8 +73,13 @@ class StackSymbolizer {
   proc::ProcessTable* processes_;
   symbolize::ElfCache* elf_cache_;
   const symbolize::Kallsyms* kallsyms_;
+  std::shared_ptr<symbolize::DwarfFile> DwarfFor(const proc::ProcessKey& process,
+                                                 const proc::MappingRef& m,
+                                                 const symbolize::ElfFile& elf);
+
   SymbolizerStats stats_;
   symbolize::PerfMaps perf_maps_;
+  symbolize::DwarfCache* dwarf_ = nullptr;
   RateLimitedLog elf_errors_log_;
   // Frame kinds for PprofBuilder's location memo: leaf frames are symbolized at ip, callers at
   // ip - 1, so the same address can map to different lines.

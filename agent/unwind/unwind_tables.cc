@@ -511,7 +511,11 @@ void UnwindService::Loop() {
       std::shared_ptr<const proc::ProcessInfo> snapshot;
       auto take_snapshot = [&] {
         if (processes_ == nullptr) return;
-        if (auto s = processes_->Snapshot(key); s.ok()) snapshot = *std::move(s);
+        auto s = processes_->Snapshot(key);
+        Log(LogLevel::kDebug, "process %d (exec %d): snapshot after event %d: %s", e.tgid,
+            e.exec_id, e.kind, s.ok() ? absl::StrCat((*s)->maps.size(), " mappings")
+                                      : s.status().ToString());
+        if (s.ok()) snapshot = *std::move(s);
       };
       if (e.kind == PS_UNWIND_EVENT_NEW_PROCESS && known) {
         if (processes_ != nullptr && !processes_->HasSnapshot(key)) take_snapshot();

@@ -1,0 +1,285 @@
+#include "agent/symbolize/dwarf.h"
+
+#include <dwarf.h>
+#include <elfutils/libdw.h>
+#include <elfutils/libdwelf.h>
+#include <elfutils/libdwfl.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "agent/symbolize/demangle.h"
+#include "agent/util/status.h"
+
+namespace parascope::symbolize {
+namespace {
+
+// The DwarfFile whose module libdwfl is resolving: libdwfl looks debug info up lazily, inside our
+// calls on this thread, and its callbacks carry no context of ours.
+thread_local DwarfFile* g_resolving = nullptr;
+
+std::string Hex(const void* bytes, int len) {
+  return absl::BytesToHexString(
+      absl::string_view(static_cast<const char*>(bytes), static_cast<size_t>(len)));
+}
+
+// Build id of an open ELF file in lowercase hex, "" if none.
+std::string BuildIdOfFd(int fd) {
+  Elf* elf = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
+  if (elf == nullptr) return "";
+  const void* id = nullptr;
+  ssize_t n = dwelf_elf_gnu_build_id(elf, &id);
+  std::string out = n > 0 ? Hex(id, static_cast<int>(n)) : "";
+  elf_end(elf);
+  return out;
+}
+
+// CRC-32 of a file as .gnu_debuglink records it (the zlib polynomial; gdb manual, "Separate Debug
+// Files").
+bool FileCrc(int fd, uint32_t* crc) {
+  uLong c = crc32(0, nullptr, 0);
+  char buf[65536];
+  off_t off = 0;
+  for (;;) {
+    ssize_t n = pread(fd, buf, sizeof(buf), off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    if (n == 0) break;
+    c = crc32(c, reinterpret_cast<const Bytef*>(buf), static_cast<uInt>(n));
+    off += n;
+  }
+  *crc = static_cast<uint32_t>(c);
+  return true;
+}
+
+// The name to show for a subprogram or inlined-subroutine DIE: its demangled linkage name, else
+// its name (both through DW_AT_abstract_origin / DW_AT_specification).
+void DieNames(Dwarf_Die* die, std::string* name, std::string* system_name) {
+  Dwarf_Attribute attr;
+  const char* linkage = nullptr;
+  if (dwarf_attr_integrate(die, DW_AT_linkage_name, &attr) != nullptr ||
+      dwarf_attr_integrate(die, DW_AT_MIPS_linkage_name, &attr) != nullptr) {
+    linkage = dwarf_formstring(&attr);
+  }
+  const char* plain = dwarf_diename(die);
+  *system_name = linkage != nullptr ? linkage : (plain != nullptr ? plain : "");
+  *name = linkage != nullptr ? Demangle(linkage) : (plain != nullptr ? plain : "");
+}
+
+}  // namespace
+
+// libdwfl's find_debuginfo callback (libdwfl.h Dwfl_Callbacks): returns an open fd of the
+// module's separate debug file and sets *debuginfo_file_name (malloc'ed), or -1.
+int FindDebugInfo(Dwfl_Module* mod, void** /*userdata*/, const char* /*modname*/,
+                  uint64_t /*base*/, const char* /*file_name*/, const char* debuglink_file,
+                  uint32_t debuglink_crc, char** debuginfo_file_name) {
+  DwarfFile* self = g_resolving;
+  if (self == nullptr) return -1;
+  const unsigned char* id = nullptr;
+  GElf_Addr id_vaddr = 0;
+  int id_len = dwfl_module_build_id(mod, &id, &id_vaddr);
+  const std::string build_id = id_len > 0 ? Hex(id, id_len) : "";
+  std::vector<std::string> candidates;
+  if (build_id.size() > 2) {
+    for (const std::string& d : self->search_.debug_dirs) {
+      candidates.push_back(absl::StrCat(d, "/.build-id/", build_id.substr(0, 2), "/",
+                                        build_id.substr(2), ".debug"));
+    }
+  }
+  if (debuglink_file != nullptr && debuglink_file[0] != '\0' &&
+      std::strchr(debuglink_file, '/') == nullptr && !self->seen_dir_.empty()) {
+    candidates.push_back(absl::StrCat(self->seen_dir_, "/", debuglink_file));
+    candidates.push_back(absl::StrCat(self->seen_dir_, "/.debug/", debuglink_file));
+    for (const std::string& d : self->search_.debug_dirs) {
+      candidates.push_back(absl::StrCat(d, self->seen_dir_, "/", debuglink_file));
+    }
+  }
+  for (const std::string& c : candidates) {
+    int fd = open(c.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    // The right file: the binary's build id, else (no build id) the debuglink's CRC.
+    bool ok;
+    if (!build_id.empty()) {
+      ok = BuildIdOfFd(fd) == build_id;
+    } else {
+      uint32_t crc = 0;
+      ok = FileCrc(fd, &crc) && crc == debuglink_crc;
+    }
+    if (!ok) {
+      close(fd);
+      continue;
+    }
+    self->debug_file_ = c;
+    *debuginfo_file_name = strdup(c.c_str());
+    return fd;
+  }
+  return -1;
+}
+
+namespace {
+
+const Dwfl_Callbacks kCallbacks = {
+    .find_elf = nullptr,  // the main file is reported with its fd
+    .find_debuginfo = FindDebugInfo,
+    .section_address = dwfl_offline_section_address,
+    .debuginfo_path = nullptr,
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DwarfFile>> DwarfFile::Open(const std::string& open_path,
+                                                           const std::string& seen_dir,
+                                                           const DebugSearch& search) {
+  int fd = open(open_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", open_path));
+  std::unique_ptr<DwarfFile> self(new DwarfFile());
+  self->seen_dir_ = seen_dir;
+  self->search_ = search;
+  self->dwfl_ = dwfl_begin(&kCallbacks);
+  if (self->dwfl_ == nullptr) {
+    close(fd);
+    return absl::InternalError(absl::StrCat("dwfl_begin: ", dwfl_errmsg(-1)));
+  }
+  // Base 0: module addresses are the ELF file's virtual addresses (what ElfFile gives).
+  self->module_ = dwfl_report_elf(self->dwfl_, "module", open_path.c_str(), fd, 0, false);
+  if (self->module_ == nullptr) {
+    close(fd);  // not consumed on failure
+    return absl::InvalidArgumentError(
+        absl::StrCat("libdwfl cannot read ", open_path, ": ", dwfl_errmsg(-1)));
+  }
+  dwfl_report_end(self->dwfl_, nullptr, nullptr);
+  return self;
+}
+
+DwarfFile::~DwarfFile() {
+  if (dwfl_ != nullptr) dwfl_end(dwfl_);
+}
+
+void DwarfFile::Resolve(uint64_t vaddr, std::vector<SourceFrame>* out) {
+  GElf_Off offset = 0;
+  GElf_Sym sym{};
+  const char* symbol = dwfl_module_addrinfo(module_, vaddr, &offset, &sym, nullptr, nullptr,
+                                            nullptr);
+  Dwarf_Addr bias = 0;
+  Dwarf_Die* cu = dwfl_module_addrdie(module_, vaddr, &bias);
+  if (cu != nullptr) {
+    std::string file;
+    int64_t line = 0;
+    if (Dwfl_Line* l = dwfl_module_getsrc(module_, vaddr)) {
+      int lineno = 0;
+      const char* f = dwfl_lineinfo(l, nullptr, &lineno, nullptr, nullptr, nullptr);
+      if (f != nullptr) file = f;
+      line = lineno;
+    }
+    Dwarf_Files* files = nullptr;
+    size_t nfiles = 0;
+    if (dwarf_getsrcfiles(cu, &files, &nfiles) != 0) files = nullptr;
+    Dwarf_Die* scopes = nullptr;
+    int n = dwarf_getscopes(cu, vaddr - bias, &scopes);
+    for (int i = 0; i < n; ++i) {
+      int tag = dwarf_tag(&scopes[i]);
+      if (tag != DW_TAG_inlined_subroutine && tag != DW_TAG_subprogram) continue;
+      SourceFrame f;
+      DieNames(&scopes[i], &f.name, &f.system_name);
+      f.file = file;
+      f.line = line;
+      if (tag == DW_TAG_subprogram) {
+        if (f.name.empty() && symbol != nullptr) {
+          f.system_name = symbol;
+          f.name = Demangle(symbol);
+        }
+        out->push_back(std::move(f));
+        break;
+      }
+      out->push_back(std::move(f));
+      // The frame it was inlined into is at this inlined call's site.
+      Dwarf_Attribute attr;
+      Dwarf_Word v = 0;
+      file.clear();
+      line = 0;
+      if (files != nullptr &&
+          dwarf_formudata(dwarf_attr(&scopes[i], DW_AT_call_file, &attr), &v) == 0) {
+        const char* cf = dwarf_filesrc(files, v, nullptr, nullptr);
+        if (cf != nullptr) file = cf;
+      }
+      if (dwarf_formudata(dwarf_attr(&scopes[i], DW_AT_call_line, &attr), &v) == 0) {
+        line = static_cast<int64_t>(v);
+      }
+    }
+    free(scopes);
+  }
+  if (out->empty() && symbol != nullptr) {
+    std::string system(symbol);
+    out->push_back({Demangle(system), system, "", 0});
+  }
+}
+
+bool DwarfFile::HasDwarf() {
+  if (!dwarf_checked_) {
+    dwarf_checked_ = true;
+    Dwarf_Addr bias = 0;
+    g_resolving = this;
+    has_dwarf_ = dwfl_module_getdwarf(module_, &bias) != nullptr;
+    g_resolving = nullptr;
+  }
+  return has_dwarf_;
+}
+
+const std::vector<SourceFrame>& DwarfFile::Symbolize(uint64_t vaddr) {
+  if (auto it = memo_.find(vaddr); it != memo_.end()) return it->second;
+  if (memo_bytes_ > (size_t{4} << 20)) {
+    memo_.clear();
+    memo_bytes_ = 0;
+  }
+  std::vector<SourceFrame> frames;
+  g_resolving = this;
+  Resolve(vaddr, &frames);
+  g_resolving = nullptr;
+  size_t bytes = 64;
+  for (const SourceFrame& f : frames) {
+    bytes += sizeof(f) + f.name.capacity() + f.system_name.capacity() + f.file.capacity();
+  }
+  memo_bytes_ += bytes;
+  return memo_.emplace(vaddr, std::move(frames)).first->second;
+}
+
+DwarfCache::DwarfCache(DebugSearch search, size_t max_files)
+    : search_(std::move(search)), max_files_(std::max<size_t>(max_files, 1)) {}
+
+std::shared_ptr<DwarfFile> DwarfCache::Get(const std::string& key, const std::string& open_path,
+                                           const std::string& seen_dir) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (auto it = index_.find(key); it != index_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second);
+      return it->second->file;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<DwarfFile>> opened = DwarfFile::Open(open_path, seen_dir, search_);
+  std::shared_ptr<DwarfFile> file;
+  if (opened.ok()) file = std::shared_ptr<DwarfFile>(*std::move(opened));
+  std::lock_guard<std::mutex> l(mu_);
+  if (auto it = index_.find(key); it != index_.end()) return it->second->file;
+  lru_.push_front({key, file});
+  index_[key] = lru_.begin();
+  while (lru_.size() > max_files_) {
+    index_.erase(lru_.back().key);
+    lru_.pop_back();
+  }
+  return file;
+}
+
+size_t DwarfCache::size() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return lru_.size();
+}
+
+}  // namespace parascope::symbolize

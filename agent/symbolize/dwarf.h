@@ -1,0 +1,113 @@
+// Source lines and inlined frames from DWARF, and symbols from separate debug files, through
+// elfutils' libdwfl (libdw). Debug info is taken from the binary itself (.debug_info), else from
+// a separate debug file found by build id (<debug dir>/.build-id/xx/rest.debug) or by
+// .gnu_debuglink (beside the binary, in its .debug/ directory, or <debug dir>/<binary's dir>/;
+// gdb's search order, "Separate Debug Files" in the gdb manual); a candidate must carry the
+// binary's build id when the binary has one. Symbols also come from MiniDebugInfo (an
+// xz-compressed ELF with a .symtab in the .gnu_debugdata section, as Fedora ships; libdwfl reads
+// it when built with lzma, as Debian's is).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+
+struct Dwfl;
+struct Dwfl_Module;
+
+namespace parascope::symbolize {
+
+// One function of a symbolized address: the address's innermost inlined function first, the
+// function it was inlined into last.
+struct SourceFrame {
+  std::string name;         // demangled
+  std::string system_name;  // linkage name as in the object file ("" if none)
+  std::string file;         // source file, "" if unknown
+  int64_t line = 0;         // 0 if unknown
+};
+
+// Where separate debug files are searched.
+struct DebugSearch {
+  // Global debug directories (--debug-dirs), each holding .build-id/ and a tree mirroring the
+  // file system (Debian's -dbgsym packages install to /usr/lib/debug).
+  std::vector<std::string> debug_dirs = {"/usr/lib/debug"};
+};
+
+// One binary's debug information. Thread-compatible: Symbolize is not const (it caches).
+class DwarfFile {
+ public:
+  // open_path: a path that opens the binary now (e.g. a pinned /proc/self/fd/N). seen_dir: the
+  // directory the binary is in, as a path the agent can open (the process's view through
+  // /proc/<pid>/root, or the host path), for the .gnu_debuglink search; "" to skip that search.
+  // Errors: NotFound/PermissionDenied from open(2), InvalidArgument when libdwfl cannot read
+  // the ELF file.
+  static absl::StatusOr<std::unique_ptr<DwarfFile>> Open(const std::string& open_path,
+                                                         const std::string& seen_dir,
+                                                         const DebugSearch& search);
+  ~DwarfFile();
+  DwarfFile(const DwarfFile&) = delete;
+  DwarfFile& operator=(const DwarfFile&) = delete;
+
+  // The functions at ELF virtual address `vaddr` (as ElfFile::FileOffsetToVaddr gives it),
+  // innermost first, with source lines when DWARF has them; empty when no symbol covers it.
+  // Results are cached (bounded: the cache is dropped when it exceeds 4 MiB).
+  const std::vector<SourceFrame>& Symbolize(uint64_t vaddr);
+  // True when the binary or a separate debug file has DWARF (looked up on the first call; the
+  // separate debug file search runs then). Without it, Symbolize still names addresses from a
+  // debug file's or MiniDebugInfo's symbol table.
+  bool HasDwarf();
+  // The separate debug file used ("" if none, or not looked up yet).
+  const std::string& debug_file() const { return debug_file_; }
+  size_t memory_bytes() const { return memo_bytes_ + 4096; }
+
+ private:
+  DwarfFile() = default;
+  void Resolve(uint64_t vaddr, std::vector<SourceFrame>* out);
+
+  Dwfl* dwfl_ = nullptr;
+  Dwfl_Module* module_ = nullptr;
+  std::string seen_dir_;
+  DebugSearch search_;
+  std::string build_id_;  // lowercase hex
+  bool has_dwarf_ = false;
+  bool dwarf_checked_ = false;
+  std::string debug_file_;
+  absl::flat_hash_map<uint64_t, std::vector<SourceFrame>> memo_;
+  size_t memo_bytes_ = 0;
+
+  friend int FindDebugInfo(Dwfl_Module*, void**, const char*, uint64_t, const char*, const char*,
+                           uint32_t, char**);
+};
+
+// DwarfFiles by file identity (build id, or the caller's key), least recently used dropped
+// beyond max_files (each holds its debug file mapped). Thread-safe lookups; the DwarfFile itself
+// is for one thread at a time (the flush).
+class DwarfCache {
+ public:
+  explicit DwarfCache(DebugSearch search = {}, size_t max_files = 64);
+  // The DwarfFile for `key` (build id, or device/inode), opening it on a miss; null when it
+  // cannot be opened (cached as such).
+  std::shared_ptr<DwarfFile> Get(const std::string& key, const std::string& open_path,
+                                 const std::string& seen_dir);
+  size_t size() const;
+
+ private:
+  struct Entry {
+    std::string key;
+    std::shared_ptr<DwarfFile> file;
+  };
+  DebugSearch search_;
+  size_t max_files_;
+  mutable std::mutex mu_;
+  std::list<Entry> lru_;
+  absl::flat_hash_map<std::string, std::list<Entry>::iterator> index_;
+};
+
+}  // namespace parascope::symbolize
