@@ -1,17 +1,21 @@
-// C++ symbol demangling for profile function names.
+// Symbol demangling for profile function names: C++ (Itanium ABI) and Rust (legacy and v0).
 #pragma once
 
 #include <string>
 
 namespace parascope::symbolize {
 
-// Returns the human-readable form of an Itanium C++ ABI mangled name ("_ZN2ps3fooEi" ->
-// "ps::foo(int)"), or `system_name` unchanged when it is not a mangled C++ name (C symbols, kernel
-// symbols, malformed manglings). Only names starting with "_Z" are demangled, so short C names
-// such as "i" are never read as type manglings ("int"). Compiler clone suffixes are kept the
-// demangler's way ("_Z3fooi.cold" -> "foo(int) [clone .cold]").
-// Source: Itanium C++ ABI, "External Names (a.k.a. Mangling)"; libstdc++ abi::__cxa_demangle.
-// Thread-safe.
+// Returns the human-readable form of a mangled name, or `system_name` unchanged when it is not
+// one (C symbols, kernel symbols, malformed manglings):
+//  - Itanium C++ ABI names ("_ZN2ps3fooEi" -> "ps::foo(int)"); compiler clone suffixes are kept
+//    the demangler's way ("_Z3fooi.cold" -> "foo(int) [clone .cold]"). Source: Itanium C++ ABI,
+//    "External Names (a.k.a. Mangling)"; libstdc++ abi::__cxa_demangle.
+//  - Rust legacy names (Itanium-shaped, ending in a "17h<16 hex digits>E" hash:
+//    "_ZN4core3fmt5write17h0123456789abcdefE" -> "core::fmt::write", hash dropped) and Rust v0
+//    names ("_R..." -> "mycrate::example", "<tokio::runtime::Runtime>::block_on"). Source: the
+//    Rust RFC 2603 (v0 symbol mangling); demangled by libiberty's rust-demangle.c (binutils).
+// Only names starting with "_Z" or "_R" are demangled, so short C names such as "i" are never
+// read as type manglings ("int"). Thread-safe.
 std::string Demangle(const std::string& system_name);
 
 }  // namespace parascope::symbolize
