@@ -435,7 +435,11 @@ absl::Status RunAgent(const Config& config) {
   symbolize::DebugSearch debug_search;
   debug_search.debug_dirs = config.debug_dirs;
   symbolize::DwarfCache dwarf_cache(debug_search);
-  symbolizer.SetDwarf(&dwarf_cache);
+  if (config.symbolize_server) {
+    symbolizer.SetServerSide(true);
+  } else {
+    symbolizer.SetDwarf(&dwarf_cache);
+  }
   ProfileOptions popts;
   popts.period_ns = (1000000000LL + config.sampling_frequency_hz / 2) /
                     config.sampling_frequency_hz;

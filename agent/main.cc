@@ -48,6 +48,9 @@ ABSL_FLAG(std::string, service_name, "", "service_name of pushed series for a --
 ABSL_FLAG(bool, pid_label, false, "add a pid label to pushed series (high cardinality)");
 ABSL_FLAG(int64_t, queue_max_bytes, int64_t{64} << 20,
           "bound of the push queue in bytes; the oldest profiles are dropped beyond it");
+ABSL_FLAG(std::string, symbolize, "agent",
+          "agent: name frames here (ELF symbols, DWARF lines and inlines); server: send ELF "
+          "addresses with build ids for the server's symbolizer (Pyroscope, debuginfod)");
 ABSL_FLAG(std::vector<std::string>, debug_dirs, {"/usr/lib/debug"},
           "directories of separate debug files (.build-id/xx/yyyy.debug, or the binary's path "
           "below them for .gnu_debuglink), comma-separated, searched in order");
@@ -137,6 +140,11 @@ int main(int argc, char** argv) {
   config.shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);
   config.unwind_table_bytes = absl::GetFlag(FLAGS_unwind_table_bytes);
   config.debug_dirs = absl::GetFlag(FLAGS_debug_dirs);
+  const std::string symbolize_mode = absl::GetFlag(FLAGS_symbolize);
+  if (symbolize_mode != "agent" && symbolize_mode != "server") {
+    return UsageError("--symbolize: expected agent or server, got '" + symbolize_mode + "'");
+  }
+  config.symbolize_server = symbolize_mode == "server";
   for (const std::string& d : config.debug_dirs) {
     if (d.empty() || d[0] != '/') {
       return UsageError("--debug-dirs: '" + d + "' is not an absolute directory");

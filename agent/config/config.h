@@ -48,6 +48,8 @@ struct Config {
   int64_t queue_max_bytes = int64_t{64} << 20;
   // --unwind-table-bytes: BPF array memory for unwind table rows (agent/unwind/).
   int64_t unwind_table_bytes = int64_t{32} << 20;
+  // --symbolize=server: leave ELF frames to the server (StackSymbolizer::SetServerSide).
+  bool symbolize_server = false;
   // Global directories of separate debug files (.build-id/ and mirrored paths), searched in order.
   std::vector<std::string> debug_dirs = {"/usr/lib/debug"};
   absl::Duration shutdown_timeout = absl::Seconds(5);

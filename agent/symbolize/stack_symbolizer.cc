@@ -149,6 +149,20 @@ void StackSymbolizer::AddUserFrames(PprofBuilder& builder, const proc::ProcessKe
       spec.build_id = elf->build_id();
       spec.has_functions = true;
     }
+    if (server_side_ && elf != nullptr) {
+      std::optional<uint64_t> vaddr =
+          elf->FileOffsetToVaddr(lookup_ip - m->start + m->offset);
+      std::optional<uint64_t> start_vaddr = elf->FileOffsetToVaddr(m->offset);
+      if (vaddr && start_vaddr) {
+        spec.memory_start = *start_vaddr;
+        spec.memory_limit = *start_vaddr + (m->end - m->start);
+        spec.has_functions = false;
+        uint64_t loc = builder.AddLocation(builder.AddMapping(spec), *vaddr, {});
+        builder.RememberLocation(ip, kind, loc);
+        out->push_back(loc);
+        continue;
+      }
+    }
     uint64_t mapping_id = builder.AddMapping(spec);
     const symbolize::ElfSymbol* sym = nullptr;
     std::optional<uint64_t> vaddr;

@@ -62,6 +62,13 @@ class StackSymbolizer {
 
   // Source lines, inlined frames and separate debug files (borrowed; null: ELF symbols only).
   void SetDwarf(symbolize::DwarfCache* dwarf);
+  // --symbolize=server: user frames of ELF files are left for the server (Pyroscope's
+  // symbolizer, debuginfod): their Locations carry the ELF virtual address of the looked-up pc
+  // (the pc for the leaf, the return address - 1 for callers, so `addr2line -e FILE ADDR` names
+  // the calling function), no Lines, and their Mapping the build id, ELF-relative bounds
+  // (memory_start = the ELF address of the mapping's first byte) and has_functions = false.
+  // Kernel frames (kallsyms) and JIT frames (perf maps) are still named: no server can.
+  void SetServerSide(bool server_side) { server_side_ = server_side; }
 
   // Forgets the per-window file lookups (files may be replaced between windows).
   void EndWindow();
@@ -80,6 +87,7 @@ class StackSymbolizer {
   SymbolizerStats stats_;
   symbolize::PerfMaps perf_maps_;
   symbolize::DwarfCache* dwarf_ = nullptr;
+  bool server_side_ = false;
   RateLimitedLog elf_errors_log_;
   // Frame kinds for PprofBuilder's location memo: leaf frames are symbolized at ip, callers at
   // ip - 1, so the same address can map to different lines.
