@@ -182,13 +182,28 @@ void DwarfFile::Resolve(uint64_t vaddr, std::vector<SourceFrame>* out) {
     Dwarf_Files* files = nullptr;
     size_t nfiles = 0;
     if (dwarf_getsrcfiles(cu, &files, &nfiles) != 0) files = nullptr;
+    // The innermost function scope at the address. dwarf_getscopes continues an inlined
+    // function's chain through its abstract definition, so the functions it was inlined into
+    // come from dwarf_getscopes_die on the concrete inlined instance (as eu-addr2line -i does).
     Dwarf_Die* scopes = nullptr;
     int n = dwarf_getscopes(cu, vaddr - bias, &scopes);
-    for (int i = 0; i < n; ++i) {
+    Dwarf_Die innermost;
+    bool found = false;
+    for (int i = 0; i < n && !found; ++i) {
       int tag = dwarf_tag(&scopes[i]);
+      if (tag == DW_TAG_inlined_subroutine || tag == DW_TAG_subprogram) {
+        innermost = scopes[i];
+        found = true;
+      }
+    }
+    free(scopes);
+    Dwarf_Die* chain = nullptr;
+    int m = found ? dwarf_getscopes_die(&innermost, &chain) : 0;
+    for (int i = 0; i < m; ++i) {
+      int tag = dwarf_tag(&chain[i]);
       if (tag != DW_TAG_inlined_subroutine && tag != DW_TAG_subprogram) continue;
       SourceFrame f;
-      DieNames(&scopes[i], &f.name, &f.system_name);
+      DieNames(&chain[i], &f.name, &f.system_name);
       f.file = file;
       f.line = line;
       if (tag == DW_TAG_subprogram) {
@@ -206,15 +221,15 @@ void DwarfFile::Resolve(uint64_t vaddr, std::vector<SourceFrame>* out) {
       file.clear();
       line = 0;
       if (files != nullptr &&
-          dwarf_formudata(dwarf_attr(&scopes[i], DW_AT_call_file, &attr), &v) == 0) {
+          dwarf_formudata(dwarf_attr(&chain[i], DW_AT_call_file, &attr), &v) == 0) {
         const char* cf = dwarf_filesrc(files, v, nullptr, nullptr);
         if (cf != nullptr) file = cf;
       }
-      if (dwarf_formudata(dwarf_attr(&scopes[i], DW_AT_call_line, &attr), &v) == 0) {
+      if (dwarf_formudata(dwarf_attr(&chain[i], DW_AT_call_line, &attr), &v) == 0) {
         line = static_cast<int64_t>(v);
       }
     }
-    free(scopes);
+    free(chain);
   }
   if (out->empty() && symbol != nullptr) {
     std::string system(symbol);

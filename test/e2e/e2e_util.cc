@@ -348,6 +348,29 @@ std::map<std::string, std::string> KeyValues(const std::string& line) {
   return out;
 }
 
+// One Line as pprof -raw prints it: "fn file:line s=start" (file may be empty: "fn :0 s=0"; the
+// function name may contain spaces and colons, the file is taken as the last space-free token).
+static RawProfile::Line ParseLocationLine(absl::string_view body) {
+  RawProfile::Line out;
+  size_t s_pos = body.rfind(" s=");
+  if (s_pos != absl::string_view::npos) body = body.substr(0, s_pos);
+  size_t colon = body.rfind(':');
+  if (colon == absl::string_view::npos) {
+    out.function = std::string(body);
+    return out;
+  }
+  (void)absl::SimpleAtoi(body.substr(colon + 1), &out.line);
+  absl::string_view before = body.substr(0, colon);
+  size_t sp = before.rfind(' ');
+  if (sp == absl::string_view::npos) {
+    out.function = std::string(before);
+    return out;
+  }
+  out.function = std::string(before.substr(0, sp));
+  out.file = std::string(before.substr(sp + 1));
+  return out;
+}
+
 // pprof -raw layout (github.com/google/pprof/profile/profile.go String()): header lines, then
 // "Samples:", a line of sample types, per sample "  v1 v2: loc loc ..." followed by label
 // lines "key:[value]"; "Locations", lines "  id: 0xaddr M=m fn :line s=start(sysname)" (inlined
@@ -359,6 +382,7 @@ RawProfile ReadWithPprof(const std::string& path) {
   INFO("pprof -raw " << path << ": " << err);
   REQUIRE(rc == 0);
   RawProfile p;
+  uint64_t last_location = 0;
   enum { kHeader, kSampleTypes, kSamples, kLocations, kMappings } section = kHeader;
   for (absl::string_view line : absl::StrSplit(out, '\n')) {
     absl::string_view t = absl::StripAsciiWhitespace(line);
@@ -409,7 +433,14 @@ RawProfile ReadWithPprof(const std::string& path) {
       case kLocations: {
         size_t colon = t.find(": 0x");
         uint64_t id = 0;
-        if (colon == absl::string_view::npos || !absl::SimpleAtoi(t.substr(0, colon), &id)) break;
+        if (colon == absl::string_view::npos || !absl::SimpleAtoi(t.substr(0, colon), &id)) {
+          // An inlined frame's continuation line: "fn file:line s=start".
+          if (last_location != 0 && absl::StrContains(t, " s=")) {
+            p.locations[last_location].lines.push_back(ParseLocationLine(t));
+          }
+          break;
+        }
+        last_location = id;
         absl::string_view rest = t.substr(colon + 2);
         size_t sp = rest.find(' ');
         rest = sp == absl::string_view::npos ? absl::string_view() : rest.substr(sp + 1);
@@ -419,8 +450,10 @@ RawProfile ReadWithPprof(const std::string& path) {
           (void)absl::SimpleAtoi(rest.substr(0, e), &loc.mapping_id);
           rest = e == absl::string_view::npos ? absl::string_view() : rest.substr(e + 1);
         }
-        size_t fn_end = rest.rfind(" :");
-        if (fn_end != absl::string_view::npos) loc.function = std::string(rest.substr(0, fn_end));
+        if (absl::StrContains(rest, " s=")) {
+          loc.lines.push_back(ParseLocationLine(rest));
+          loc.function = loc.lines.back().function;
+        }
         p.locations[id] = loc;
         break;
       }

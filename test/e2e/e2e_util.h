@@ -60,9 +60,16 @@ struct RawProfile {
     std::vector<uint64_t> location_ids;  // leaf first
     std::map<std::string, std::string> labels;
   };
+  struct Line {
+    std::string function;
+    std::string file;  // "" if unknown
+    int64_t line = 0;  // 0 if unknown
+  };
   struct Location {
     uint64_t mapping_id = 0;
-    std::string function;  // innermost function name, "" if unsymbolized
+    std::string function;     // innermost function name, "" if unsymbolized
+    std::vector<Line> lines;  // innermost first; the last is the function the others are
+                              // inlined into
   };
   std::vector<std::string> sample_types;  // e.g. "samples/count", "cpu/nanoseconds"
   std::string period_type;
