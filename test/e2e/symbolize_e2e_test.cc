@@ -1,0 +1,394 @@
+// Root end-to-end tests of symbolization (issue: every process's frames named, acceptance 5-8):
+// debug info from the binary, from separate debug files (.gnu_debuglink, build-id directory) and
+// MiniDebugInfo; JIT frames from Node's perf map; demangled C++; --symbolize=server against
+// addr2line. Workloads are built with gcc -O2 -g (CMakeLists.txt); stripped copies are made here
+// with binutils and xz, as distributions make them. Every profile is read through the real pprof.
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "test/e2e/e2e_util.h"
+
+namespace parascope::testing {
+namespace {
+
+#define FIGURES(msg) \
+  INFO(msg);         \
+  WARN(msg)
+
+namespace fs = std::filesystem;
+
+std::string Workload(const std::string& name) { return std::string(PS_WORKLOAD_DIR) + "/" + name; }
+
+void Run(const std::string& cmd) {
+  std::string out, err;
+  int rc = RunCommand(cmd, &out, &err);
+  INFO(cmd << "\n" << out << err);
+  REQUIRE(rc == 0);
+}
+
+std::string Output(const std::string& cmd) {
+  std::string out, err;
+  int rc = RunCommand(cmd, &out, &err);
+  INFO(cmd << "\n" << err);
+  REQUIRE(rc == 0);
+  return std::string(absl::StripTrailingAsciiWhitespace(out));
+}
+
+// The 1-based line of test/workloads/debuginfo.c that carries "LINE: <tag> */".
+int64_t MarkedLine(const std::string& tag) {
+  std::ifstream in(std::string(PS_FIXTURE_DIR) + "/../workloads/debuginfo.c");
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (absl::StrContains(line, absl::StrCat("LINE: ", tag, " */"))) return n;
+  }
+  FAIL("no LINE: " << tag << " marker");
+  return 0;
+}
+
+// Several workloads (ready/go/done protocol) profiled by one agent run with --pid for all of
+// them; the agent is stopped by the workloads' exit (every target exited).
+struct MultiRun {
+  std::vector<std::unique_ptr<Child>> work;
+  std::vector<int> pids;
+  std::string agent_log;
+};
+
+void RunAll(MultiRun* r, const std::vector<std::vector<std::string>>& workloads,
+            const std::vector<std::string>& agent_args, const std::string& out_dir) {
+  for (const auto& argv : workloads) {
+    r->work.push_back(std::make_unique<Child>(argv));
+    std::string line;
+    INFO("workload: " << absl::StrJoin(argv, " "));
+    REQUIRE(r->work.back()->ReadStdoutLine(&line));
+    REQUIRE(absl::StartsWith(line, "ready "));
+    r->pids.push_back(std::stoi(line.substr(6)));
+  }
+  std::vector<std::string> argv = {PS_AGENT_BIN, "--pid=" + absl::StrJoin(r->pids, ","),
+                                   "--output-dir=" + out_dir, "--http-address=",
+                                   "--profiles=cpu", "--sampling-frequency=499",
+                                   "--duration=60s"};
+  argv.insert(argv.end(), agent_args.begin(), agent_args.end());
+  Child agent(argv);
+  std::string line;
+  INFO("agent: " << absl::StrJoin(argv, " "));
+  bool attached = agent.WaitForStderr("attached:", &line);
+  INFO("agent stderr:\n" << agent.stderr_text());
+  REQUIRE(attached);
+  for (auto& w : r->work) w->WriteStdin("go\n");
+  for (auto& w : r->work) {
+    REQUIRE(w->ReadStdoutLine(&line, 30));
+    REQUIRE(absl::StartsWith(line, "done "));
+  }
+  for (auto& w : r->work) {
+    w->CloseStdin();
+    CHECK(w->Wait(10) == 0);
+  }
+  int status = agent.Wait(60);
+  r->agent_log = agent.stderr_text();
+  INFO("agent stderr:\n" << r->agent_log);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  CHECK(absl::StrContains(r->agent_log, "every target exited"));
+}
+
+// Samples of a pid's process_cpu profiles whose frames satisfy `pred`, and all of them.
+struct Count {
+  int64_t matching = 0, total = 0;
+  double share() const { return total == 0 ? 0 : double(matching) / double(total); }
+};
+
+// For each location of `p` that names `function` (any of its Lines): the Lines.
+std::vector<std::vector<RawProfile::Line>> LinesNaming(const RawProfile& p,
+                                                       const std::string& function) {
+  std::vector<std::vector<RawProfile::Line>> out;
+  for (const auto& [id, loc] : p.locations) {
+    for (const auto& l : loc.lines) {
+      if (l.function == function) {
+        out.push_back(loc.lines);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+bool SampleHas(const RawProfile& p, const RawProfile::Sample& s, const std::string& function) {
+  for (uint64_t id : s.location_ids) {
+    auto it = p.locations.find(id);
+    if (it == p.locations.end()) continue;
+    for (const auto& l : it->second.lines) {
+      if (l.function == function) return true;
+    }
+  }
+  return false;
+}
+
+TEST_CASE("debug info: separate debug files by debuglink and build id, MiniDebugInfo, inlined "
+          "lines",
+          "[root][symbolize]") {
+  if (!RequireRoot()) return;
+  TempDir tmp;
+  const std::string bin = tmp.path() + "/bin", dbg = tmp.path() + "/debug";
+  fs::create_directories(bin);
+  // 0: as built (-O2 -g). 1: stripped, debug file beside it named by .gnu_debuglink.
+  // 2: stripped, debug file only in <debug dir>/.build-id/. 3: stripped with MiniDebugInfo (the
+  // Fedora recipe: the function symbols .dynsym lacks, in an xz-compressed ELF in .gnu_debugdata).
+  const std::string plain = bin + "/plain", linked = bin + "/linked", by_id = bin + "/by_id",
+                    mini = bin + "/mini";
+  fs::copy_file(Workload("debuginfo_0"), plain);
+  fs::copy_file(Workload("debuginfo_1"), linked);
+  Run(absl::StrCat("objcopy --only-keep-debug ", linked, " ", linked, ".debug && strip ",
+                   "--strip-all ", linked, " && objcopy --add-gnu-debuglink=", linked, ".debug ",
+                   linked));
+  fs::copy_file(Workload("debuginfo_2"), by_id);
+  std::string id = Output("readelf -n " + by_id + " | sed -n 's/.*Build ID: //p'");
+  REQUIRE(id.size() == 40);
+  fs::create_directories(dbg + "/.build-id/" + id.substr(0, 2));
+  Run(absl::StrCat("objcopy --only-keep-debug ", by_id, " ", dbg, "/.build-id/", id.substr(0, 2),
+                   "/", id.substr(2), ".debug && strip --strip-all ", by_id));
+  fs::copy_file(Workload("debuginfo_3"), mini);
+  Run(absl::StrCat(
+      "cd ", tmp.path(), " && nm -D ", mini, " --format=posix --defined-only | awk '{print $1}' ",
+      "| sort > dynsyms && nm ", mini, " --format=posix --defined-only | awk '$2 ~ /^[Tt]$/ ",
+      "{print $1}' | sort > funcsyms && comm -13 dynsyms funcsyms > keep && objcopy ",
+      "--only-keep-debug ", mini, " full.dbg && objcopy -S --remove-section .gdb_index ",
+      "--remove-section .comment --keep-symbols=keep full.dbg mini.dbg && strip --strip-all ",
+      "-R .comment ", mini, " && xz -f mini.dbg && objcopy --add-section ",
+      ".gnu_debugdata=mini.dbg.xz ", mini));
+  // The stripped copies really lack the names: nm finds nothing.
+  for (const std::string& f : {linked, by_id, mini}) {
+    std::string out, err;
+    RunCommand("nm " + f, &out, &err);
+    INFO(f << ": " << out << err);
+    CHECK_FALSE(absl::StrContains(out, "debuginfo_burn"));
+  }
+
+  TempDir out;
+  MultiRun r;
+  RunAll(&r, {{plain, "3"}, {linked, "3"}, {by_id, "3"}, {mini, "3"}},
+         {"--debug-dirs=" + dbg + ",/usr/lib/debug"}, out.path());
+  const int64_t mix_line = MarkedLine("mix_step"), call_line = MarkedLine("call mix_step");
+  const char* names[] = {"plain", "debuglink", "build-id dir", "MiniDebugInfo"};
+  for (size_t i = 0; i < r.pids.size(); ++i) {
+    Count named;
+    std::vector<std::vector<RawProfile::Line>> burn_lines;
+    for (const std::string& f : ProfileFiles(out.path(), r.pids[i], "process_cpu-")) {
+      RawProfile p = ReadWithPprof(f);
+      for (const auto& s : p.samples) {
+        named.total += s.values[0];
+        if (SampleHas(p, s, "debuginfo_burn")) named.matching += s.values[0];
+      }
+      for (auto& l : LinesNaming(p, "debuginfo_burn")) burn_lines.push_back(l);
+    }
+    FIGURES(names[i] << ": " << named.matching << " of " << named.total
+                     << " samples name debuginfo_burn (" << named.share() << ")");
+    // 3 s at 499 Hz is ~1500 with a CPU to itself; four share two CPUs (and whatever else runs).
+    CHECK(named.total >= 200);
+    CHECK(named.share() >= 0.95);
+    REQUIRE_FALSE(burn_lines.empty());
+    // With DWARF (0-2): the hot loop's pcs are mix_step inlined into debuginfo_burn: one Location
+    // with two Lines, mix_step at its statement, debuginfo_burn at the inlined call's line.
+    // MiniDebugInfo (3) has symbols only: one Line, no line number.
+    bool inlined_seen = false;
+    for (const auto& lines : burn_lines) {
+      INFO(names[i] << " location: " << lines.front().function << " " << lines.front().file << ":"
+                    << lines.front().line << " (" << lines.size() << " lines)");
+      if (i == 3) {
+        CHECK(lines.size() == 1);
+        CHECK(lines[0].line == 0);
+        continue;
+      }
+      if (lines.size() == 2 && lines[0].function == "mix_step") {
+        inlined_seen = true;
+        CHECK(lines[0].line == mix_line);
+        CHECK(absl::EndsWith(lines[0].file, "debuginfo.c"));
+        CHECK(lines[1].function == "debuginfo_burn");
+        CHECK(lines[1].line == call_line);
+      }
+    }
+    if (i < 3) CHECK(inlined_seen);
+  }
+}
+
+TEST_CASE("JIT: Node's perf map names its hot JavaScript function", "[root][symbolize]") {
+  if (!RequireRoot()) return;
+  std::string node = Output("command -v node || command -v nodejs");
+  TempDir tmp;  // node writes isolate logs into its working directory
+  const std::string script = tmp.path() + "/hot.js";
+  std::ofstream(script) << "function hotLoopFunction(n) { let s = 0;\n"
+                           "  for (let i = 0; i < n; i++) s = (s * 31 + i) % 1000003;\n"
+                           "  return s; }\n"
+                           "process.stdout.write('ready ' + process.pid + '\\n');\n"
+                           "process.stdin.once('data', () => {\n"
+                           "  const end = Date.now() + 4000; let acc = 0;\n"
+                           "  while (Date.now() < end) acc += hotLoopFunction(100000);\n"
+                           "  process.stdout.write('done acc=' + acc + '\\n');\n"
+                           "  process.exit(0); });\n";
+  TempDir out;
+  std::unique_ptr<Child> work = std::make_unique<Child>(std::vector<std::string>{
+      "/bin/sh", "-c", absl::StrCat("cd ", tmp.path(), " && exec ", node,
+                                    " --perf-basic-prof ", script)});
+  std::string line;
+  REQUIRE(work->ReadStdoutLine(&line));
+  REQUIRE(absl::StartsWith(line, "ready "));
+  int pid = std::stoi(line.substr(6));
+  Child agent({PS_AGENT_BIN, absl::StrCat("--pid=", pid), "--output-dir=" + out.path(),
+               "--http-address=", "--profiles=cpu", "--sampling-frequency=499",
+               "--duration=60s"});
+  REQUIRE(agent.WaitForStderr("attached:", &line));
+  work->WriteStdin("go\n");
+  REQUIRE(work->ReadStdoutLine(&line, 30));
+  CHECK(work->Wait(10) == 0);
+  int status = agent.Wait(60);
+  INFO("agent stderr:\n" << agent.stderr_text());
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  Count named;
+  std::set<std::string> jit_mappings;
+  for (const std::string& f : ProfileFiles(out.path(), pid, "process_cpu-")) {
+    RawProfile p = ReadWithPprof(f);
+    for (const auto& s : p.samples) {
+      named.total += s.values[0];
+      for (uint64_t id : s.location_ids) {
+        const auto& loc = p.locations[id];
+        if (absl::StrContains(loc.function, "hotLoopFunction")) {
+          named.matching += s.values[0];
+          jit_mappings.insert(p.mapping_files[loc.mapping_id]);
+          break;
+        }
+      }
+    }
+  }
+  FIGURES("node: " << named.matching << " of " << named.total
+                   << " samples name hotLoopFunction (" << named.share() << ")");
+  CHECK(named.total >= 1000);  // 4 s at 499 Hz is ~2000
+  CHECK(named.share() >= 0.90);
+  CHECK(jit_mappings == std::set<std::string>{absl::StrCat("/tmp/perf-", pid, ".map")});
+}
+
+// Two agents at once on one workload: agent-side names against addr2line of the server-side
+// profile's addresses. Both see the same CPU; their per-function shares must agree.
+TEST_CASE("--symbolize=server: ELF addresses that addr2line resolves like the agent does",
+          "[root][symbolize]") {
+  if (!RequireRoot()) return;
+  const std::string bin = Workload("unwind_ratio");
+  std::unique_ptr<Child> work = std::make_unique<Child>(std::vector<std::string>{bin, "3"});
+  std::string line;
+  REQUIRE(work->ReadStdoutLine(&line));
+  REQUIRE(absl::StartsWith(line, "ready "));
+  int pid = std::stoi(line.substr(6));
+  TempDir agent_out, server_out;
+  auto start = [&](const std::string& dir, const std::string& mode) {
+    return std::make_unique<Child>(std::vector<std::string>{
+        PS_AGENT_BIN, absl::StrCat("--pid=", pid), "--output-dir=" + dir, "--http-address=",
+        "--profiles=cpu", "--sampling-frequency=499", "--duration=60s", "--symbolize=" + mode});
+  };
+  std::unique_ptr<Child> a = start(agent_out.path(), "agent");
+  std::unique_ptr<Child> b = start(server_out.path(), "server");
+  REQUIRE(a->WaitForStderr("attached:", &line));
+  REQUIRE(b->WaitForStderr("attached:", &line));
+  work->WriteStdin("go\n");
+  REQUIRE(work->ReadStdoutLine(&line, 30));
+  work->CloseStdin();
+  CHECK(work->Wait(10) == 0);
+  REQUIRE(a->Wait(60) == 0);
+  REQUIRE(b->Wait(60) == 0);
+
+  // Agent mode: leaf function shares within the workload's own binary.
+  std::map<std::string, int64_t> by_agent, by_addr2line;
+  int64_t agent_total = 0, server_total = 0;
+  for (const std::string& f : ProfileFiles(agent_out.path(), pid, "process_cpu-")) {
+    RawProfile p = ReadWithPprof(f);
+    for (const auto& s : p.samples) {
+      const auto& leaf = p.locations[s.location_ids.front()];
+      if (p.mapping_files[leaf.mapping_id] != bin) continue;
+      by_agent[leaf.function] += s.values[0];
+      agent_total += s.values[0];
+    }
+  }
+  // Server mode: the same leaves' addresses, named by addr2line. Mappings of the binary carry
+  // its build id and no functions; pprof accepts the profile (ReadWithPprof).
+  std::map<uint64_t, int64_t> leaf_addresses;
+  for (const std::string& f : ProfileFiles(server_out.path(), pid, "process_cpu-")) {
+    std::string raw = Output(absl::StrCat(PS_PPROF_BIN, " -raw -symbolize=none '", f, "'"));
+    RawProfile p = ReadWithPprof(f);
+    std::map<uint64_t, uint64_t> address_of;  // location id -> address
+    std::string build_id_line;
+    bool in_locations = false, in_mappings = false;
+    for (absl::string_view l : absl::StrSplit(raw, '\n')) {
+      absl::string_view t = absl::StripAsciiWhitespace(l);
+      if (t == "Locations") in_locations = true;
+      if (t == "Mappings") in_mappings = true, in_locations = false;
+      size_t colon = t.find(": 0x");
+      uint64_t id = 0;
+      if (colon == absl::string_view::npos || !absl::SimpleAtoi(t.substr(0, colon), &id)) continue;
+      absl::string_view rest = t.substr(colon + 2);
+      if (in_locations) {
+        uint64_t addr = 0;
+        absl::string_view hex = rest.substr(2, rest.find(' ') - 2);
+        REQUIRE(absl::SimpleHexAtoi(hex, &addr));
+        address_of[id] = addr;
+      } else if (in_mappings && absl::StrContains(rest, bin)) {
+        build_id_line = std::string(rest);
+      }
+    }
+    INFO("mapping: " << build_id_line);
+    CHECK_FALSE(absl::StrContains(build_id_line, "[FN]"));  // has_functions = false
+    CHECK(absl::StrContains(build_id_line,
+                            Output("readelf -n " + bin + " | sed -n 's/.*Build ID: //p'")));
+    for (const auto& s : p.samples) {
+      uint64_t leaf = s.location_ids.front();
+      if (p.mapping_files[p.locations[leaf].mapping_id] != bin) continue;
+      leaf_addresses[address_of[leaf]] += s.values[0];
+      server_total += s.values[0];
+    }
+  }
+  REQUIRE_FALSE(leaf_addresses.empty());
+  std::string addrs;
+  for (const auto& [addr, n] : leaf_addresses) absl::StrAppend(&addrs, " 0x", absl::Hex(addr));
+  std::vector<std::string> names = absl::StrSplit(Output("addr2line -f -e " + bin + addrs), '\n');
+  REQUIRE(names.size() == 2 * leaf_addresses.size());  // function, then file:line
+  size_t i = 0;
+  for (const auto& [addr, n] : leaf_addresses) {
+    by_addr2line[names[2 * i]] += n;
+    ++i;
+  }
+  std::ostringstream figures;
+  for (const auto& [fn, n] : by_agent) {
+    figures << fn << " agent " << double(n) / agent_total << " addr2line "
+            << double(by_addr2line[fn]) / std::max<int64_t>(server_total, 1) << "; ";
+  }
+  FIGURES("leaf shares in " << bin << ": " << figures.str() << "samples agent=" << agent_total
+                            << " server=" << server_total);
+  CHECK(agent_total >= 500);
+  CHECK(server_total >= 500);
+  // The same set of functions, with the same shares within sampling noise.
+  std::set<std::string> a_names, s_names;
+  for (const auto& [fn, n] : by_agent) if (double(n) / agent_total > 0.02) a_names.insert(fn);
+  for (const auto& [fn, n] : by_addr2line) {
+    if (double(n) / server_total > 0.02) s_names.insert(fn);
+  }
+  CHECK(a_names == s_names);
+  for (const std::string& fn : a_names) {
+    CHECK(std::abs(double(by_agent[fn]) / agent_total - double(by_addr2line[fn]) / server_total) <
+          0.05);
+  }
+}
+
+}  // namespace
+}  // namespace parascope::testing
