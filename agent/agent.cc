@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <iostream>
 #include <memory>
 #include <vector>
@@ -263,6 +264,41 @@ class AgentMetrics {
     thread_states_ = &registry->GetGauge("parascope_thread_states",
                                          "Threads with a switch-out state in the BPF map.");
     windows_ = &registry->GetCounter("parascope_windows_total", "Collection windows closed.");
+    regs_.push_back(registry->AddCallback(
+        MetricType::kGauge, "parascope_window_cpu_seconds",
+        "Agent CPU time spent on the last window's flush, by phase: drain (BPF maps), symbolize "
+        "(symbolization and profile building), export (serialization and delivery), in seconds.",
+        {"phase"}, [this] {
+          return std::vector<CallbackSample>{{{"drain"}, window_cpu_[0].load()},
+                                             {{"symbolize"}, window_cpu_[1].load()},
+                                             {{"export"}, window_cpu_[2].load()}};
+        }));
+    pinned_files_ = &registry->GetGauge(
+        "parascope_pinned_files",
+        "Mapped files the process table holds open so processes are symbolized after they exit.");
+    snapshots_ = &registry->GetCounter(
+        "parascope_process_snapshots_total",
+        "Process images whose mappings were read while they ran (first sample, exec).");
+    frames_by_source_ = &registry->GetCounterFamily(
+        "parascope_frames_symbolized_total",
+        "User frames named from a source other than the ELF symbol table: dwarf (source lines "
+        "and inlined functions), debug_symtab (a separate debug file or MiniDebugInfo), jit (a "
+        "perf map).",
+        {"source"});
+  }
+
+  // The last window's agent CPU (ns) in its three phases.
+  void SetWindowCpu(int64_t drain_ns, int64_t build_ns, int64_t export_ns) {
+    window_cpu_[0] = drain_ns / 1e9;
+    window_cpu_[1] = build_ns / 1e9;
+    window_cpu_[2] = export_ns / 1e9;
+  }
+  void UpdateProcesses(const proc::ProcessTable& t, const SymbolizerStats& ss) {
+    pinned_files_->Set(static_cast<double>(t.pinned_files()));
+    Advance(snapshots_, t.snapshots(), &last_snapshots_);
+    Advance(&frames_by_source_->With({"dwarf"}), ss.dwarf, &last_dwarf_);
+    Advance(&frames_by_source_->With({"debug_symtab"}), ss.debug_file_symbol, &last_debug_sym_);
+    Advance(&frames_by_source_->With({"jit"}), ss.jit, &last_jit_);
   }
 
   // Called once per window from the collection thread with cumulative figures.
@@ -304,7 +340,11 @@ class AgentMetrics {
   server::Counter *samples_, *parallelism_unknown_, *offcpu_ns_, *profiles_written_,
       *export_errors_, *windows_;
   server::CounterFamily *stacks_lost_, *symbolization_misses_;
-  server::Gauge *processes_, *thread_states_;
+  server::Gauge *processes_, *thread_states_, *pinned_files_;
+  server::Counter* snapshots_;
+  server::CounterFamily* frames_by_source_;
+  std::atomic<double> window_cpu_[3] = {0, 0, 0};
+  uint64_t last_snapshots_ = 0, last_dwarf_ = 0, last_debug_sym_ = 0, last_jit_ = 0;
   ProfileStats last_;
   SymbolizerStats last_ss_;
   uint64_t last_offcpu_s_ = 0, last_missing_ = 0, last_written_ = 0, last_export_errors_ = 0;
@@ -572,6 +612,8 @@ absl::Status RunAgent(const Config& config) {
     ++windows;
     metrics.Update(profile_set.stats(), symbolizer.stats(), bpf->map_stats(), processes.size(),
                    profiles_written, export_errors);
+    metrics.UpdateProcesses(processes, symbolizer.stats());
+    metrics.SetWindowCpu(cpu_drained - cpu0, cpu_build, cpu_export);
     Log(LogLevel::kDebug,
         "window %d: %d on-CPU records, %d off-CPU records, %d processes, %d profiles; agent "
         "CPU ms: drain %.1f, symbolize and build %.1f, export %.1f",

@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -163,11 +164,63 @@ DwarfFile::~DwarfFile() {
   if (dwfl_ != nullptr) dwfl_end(dwfl_);
 }
 
+const DwarfFile::Sym* DwarfFile::SymAt(uint64_t vaddr) {
+  if (!syms_built_) {
+    syms_built_ = true;
+    int n = dwfl_module_getsymtab(module_);
+    for (int i = 0; i < n; ++i) {
+      GElf_Sym sym{};
+      GElf_Addr addr = 0;
+      const char* name = dwfl_module_getsym_info(module_, i, &sym, &addr, nullptr, nullptr,
+                                                 nullptr);
+      if (name == nullptr || name[0] == '\0' || sym.st_shndx == SHN_UNDEF) continue;
+      int type = GELF_ST_TYPE(sym.st_info);
+      if (type != STT_FUNC && type != STT_GNU_IFUNC) continue;
+      syms_.push_back({addr, addr + sym.st_size, name});
+    }
+    std::sort(syms_.begin(), syms_.end(),
+              [](const Sym& a, const Sym& b) { return a.start < b.start; });
+    // A zero-size symbol covers up to the next one.
+    for (size_t i = 0; i < syms_.size(); ++i) {
+      if (syms_[i].end == syms_[i].start) {
+        syms_[i].end = i + 1 < syms_.size() ? syms_[i + 1].start : syms_[i].start + 1;
+      }
+    }
+  }
+  auto it = std::upper_bound(syms_.begin(), syms_.end(), vaddr,
+                             [](uint64_t a, const Sym& s) { return a < s.start; });
+  // Overlapping symbols (aliases, nested): check a few candidates before this one.
+  for (int steps = 0; it != syms_.begin() && steps < 4; ++steps) {
+    --it;
+    if (vaddr < it->end) return &*it;
+  }
+  return nullptr;
+}
+
+namespace {
+
+// True when `die` (a subprogram) has a DW_TAG_inlined_subroutine among its descendants, or is
+// too large to tell (over 20000 DIEs).
+bool HasInlinedCode(Dwarf_Die* die) {
+  std::vector<Dwarf_Die> stack;
+  Dwarf_Die child;
+  if (dwarf_child(die, &child) == 0) stack.push_back(child);
+  size_t visited = 0;
+  while (!stack.empty()) {
+    Dwarf_Die d = stack.back();
+    stack.pop_back();
+    if (++visited > 20000) return true;
+    if (dwarf_tag(&d) == DW_TAG_inlined_subroutine) return true;
+    Dwarf_Die next;
+    if (dwarf_siblingof(&d, &next) == 0) stack.push_back(next);
+    if (dwarf_child(&d, &child) == 0) stack.push_back(child);
+  }
+  return false;
+}
+
+}  // namespace
+
 void DwarfFile::Resolve(uint64_t vaddr, std::vector<SourceFrame>* out) {
-  GElf_Off offset = 0;
-  GElf_Sym sym{};
-  const char* symbol = dwfl_module_addrinfo(module_, vaddr, &offset, &sym, nullptr, nullptr,
-                                            nullptr);
   Dwarf_Addr bias = 0;
   Dwarf_Die* cu = dwfl_module_addrdie(module_, vaddr, &bias);
   if (cu != nullptr) {
@@ -178,6 +231,13 @@ void DwarfFile::Resolve(uint64_t vaddr, std::vector<SourceFrame>* out) {
       const char* f = dwfl_lineinfo(l, nullptr, &lineno, nullptr, nullptr, nullptr);
       if (f != nullptr) file = f;
       line = lineno;
+    }
+    const Sym* fn = SymAt(vaddr);
+    if (fn != nullptr) {
+      if (auto it = plain_functions_.find(fn->start); it != plain_functions_.end()) {
+        out->push_back({it->second.name, it->second.system_name, file, line});
+        return;
+      }
     }
     Dwarf_Files* files = nullptr;
     size_t nfiles = 0;
@@ -197,8 +257,28 @@ void DwarfFile::Resolve(uint64_t vaddr, std::vector<SourceFrame>* out) {
       }
     }
     free(scopes);
+    // A subprogram is its own chain; only an inlined one needs its concrete containing scopes
+    // (dwarf_getscopes_die walks the CU again, the expensive part).
     Dwarf_Die* chain = nullptr;
-    int m = found ? dwarf_getscopes_die(&innermost, &chain) : 0;
+    int m = 0;
+    if (found && dwarf_tag(&innermost) == DW_TAG_subprogram) {
+      chain = static_cast<Dwarf_Die*>(malloc(sizeof(Dwarf_Die)));
+      if (chain != nullptr) {
+        chain[0] = innermost;
+        m = 1;
+      }
+      if (fn != nullptr && plain_functions_.size() < 65536 && !HasInlinedCode(&innermost)) {
+        PlainFunction pf;
+        DieNames(&innermost, &pf.name, &pf.system_name);
+        if (pf.name.empty()) {
+          pf.system_name = fn->name;
+          pf.name = Demangle(fn->name);
+        }
+        plain_functions_.emplace(fn->start, std::move(pf));
+      }
+    } else if (found) {
+      m = dwarf_getscopes_die(&innermost, &chain);
+    }
     for (int i = 0; i < m; ++i) {
       int tag = dwarf_tag(&chain[i]);
       if (tag != DW_TAG_inlined_subroutine && tag != DW_TAG_subprogram) continue;
@@ -207,9 +287,11 @@ void DwarfFile::Resolve(uint64_t vaddr, std::vector<SourceFrame>* out) {
       f.file = file;
       f.line = line;
       if (tag == DW_TAG_subprogram) {
-        if (f.name.empty() && symbol != nullptr) {
-          f.system_name = symbol;
-          f.name = Demangle(symbol);
+        if (f.name.empty()) {
+          if (const char* symbol = SymbolAt(vaddr)) {
+            f.system_name = symbol;
+            f.name = Demangle(symbol);
+          }
         }
         out->push_back(std::move(f));
         break;
@@ -231,9 +313,11 @@ void DwarfFile::Resolve(uint64_t vaddr, std::vector<SourceFrame>* out) {
     }
     free(chain);
   }
-  if (out->empty() && symbol != nullptr) {
-    std::string system(symbol);
-    out->push_back({Demangle(system), system, "", 0});
+  if (out->empty()) {
+    if (const char* symbol = SymbolAt(vaddr)) {
+      std::string system(symbol);
+      out->push_back({Demangle(system), system, "", 0});
+    }
   }
 }
 

@@ -70,6 +70,26 @@ class DwarfFile {
  private:
   DwarfFile() = default;
   void Resolve(uint64_t vaddr, std::vector<SourceFrame>* out);
+  // The function symbol covering vaddr from libdwfl's symbol table (the binary's, its debug
+  // file's or MiniDebugInfo's), through a sorted index built on first use: libdwfl's own
+  // dwfl_module_addrinfo scans every symbol per lookup.
+  struct Sym {
+    uint64_t start, end;
+    const char* name;  // owned by libdwfl's symbol table, valid while dwfl_ lives
+  };
+  const Sym* SymAt(uint64_t vaddr);
+  const char* SymbolAt(uint64_t vaddr) {
+    const Sym* s = SymAt(vaddr);
+    return s == nullptr ? nullptr : s->name;
+  }
+  // Functions (by symbol start) known to contain no inlined code: their addresses need only the
+  // line table, not a walk of their compile unit's DIEs (dwarf_getscopes, the expensive part).
+  struct PlainFunction {
+    std::string name, system_name;
+  };
+  absl::flat_hash_map<uint64_t, PlainFunction> plain_functions_;
+  std::vector<Sym> syms_;
+  bool syms_built_ = false;
 
   Dwfl* dwfl_ = nullptr;
   Dwfl_Module* module_ = nullptr;

@@ -30,6 +30,14 @@ constexpr uint8_t kPePcrel = 0x10;
 constexpr uint8_t kOpDeref = 0x06, kOpAnd = 0x1a, kOpPlus = 0x22, kOpShl = 0x24, kOpGe = 0x2a,
                   kOpLit0 = 0x30, kOpBreg0 = 0x70;
 
+// An operand times the CIE's data alignment factor. Both come from the file: a product that does
+// not fit in 64 bits (signed overflow would be undefined behaviour) becomes INT64_MIN, an offset
+// Row() finds out of range like any other it cannot express.
+int64_t Factored(int64_t operand, int64_t data_align) {
+  int64_t out;
+  return __builtin_mul_overflow(operand, data_align, &out) ? INT64_MIN : out;
+}
+
 // Bounded little-endian reader over a byte span; any overrun sets failed() and returns 0.
 class Reader {
  public:
@@ -81,7 +89,7 @@ class Reader {
       if (shift < 64) v |= int64_t(b & 0x7f) << shift;
       shift += 7;
     } while (b & 0x80);
-    if (shift < 64 && (b & 0x40)) v |= -(int64_t{1} << shift);
+    if (shift < 64 && (b & 0x40)) v |= static_cast<int64_t>(~uint64_t{0} << shift);
     return v;
   }
   std::string CString() {
@@ -329,7 +337,13 @@ class Builder {
     Reader r(prog);
     auto advance = [&](uint64_t delta) {
       if (f != nullptr) Emit(cie, *st, loc_, f);
-      loc_ += delta * cie.code_align;
+      // Saturating: a location that would wrap around 2^64 is past the FDE's end like any other
+      // too-large one; wrapped, it would go back below the rows already emitted.
+      uint64_t step;
+      if (__builtin_mul_overflow(delta, cie.code_align, &step) ||
+          __builtin_add_overflow(loc_, step, &loc_)) {
+        loc_ = ~uint64_t{0};
+      }
     };
     auto restore = [&](uint64_t reg) {
       if (RegRule* rr = Track(st, reg)) *rr = initial ? *Track(const_cast<State*>(initial), reg)
@@ -343,7 +357,7 @@ class Builder {
         continue;
       }
       if (hi == 0x80) {  // DW_CFA_offset
-        int64_t off = static_cast<int64_t>(r.Uleb()) * cie.data_align;
+        int64_t off = Factored(static_cast<int64_t>(r.Uleb()), cie.data_align);
         if (RegRule* rr = Track(st, lo)) *rr = {RegRule::kOffset, off, {}};
         continue;
       }
@@ -365,7 +379,7 @@ class Builder {
         case 0x04: advance(r.Fixed(4)); break;
         case 0x05: {  // offset_extended
           uint64_t reg = r.Uleb();
-          int64_t off = static_cast<int64_t>(r.Uleb()) * cie.data_align;
+          int64_t off = Factored(static_cast<int64_t>(r.Uleb()), cie.data_align);
           if (RegRule* rr = Track(st, reg)) *rr = {RegRule::kOffset, off, {}};
           break;
         }
@@ -411,25 +425,25 @@ class Builder {
         }
         case 0x11: {  // offset_extended_sf
           uint64_t reg = r.Uleb();
-          int64_t off = r.Sleb() * cie.data_align;
+          int64_t off = Factored(r.Sleb(), cie.data_align);
           if (RegRule* rr = Track(st, reg)) *rr = {RegRule::kOffset, off, {}};
           break;
         }
         case 0x12: {  // def_cfa_sf
           uint64_t reg = r.Uleb();
-          st->cfa = {false, reg, r.Sleb() * cie.data_align, {}};
+          st->cfa = {false, reg, Factored(r.Sleb(), cie.data_align), {}};
           break;
         }
-        case 0x13: st->cfa.offset = r.Sleb() * cie.data_align; break;  // def_cfa_offset_sf
+        case 0x13: st->cfa.offset = Factored(r.Sleb(), cie.data_align); break;  // def_cfa_offset_sf
         case 0x14: {  // val_offset
           uint64_t reg = r.Uleb();
-          int64_t off = static_cast<int64_t>(r.Uleb()) * cie.data_align;
+          int64_t off = Factored(static_cast<int64_t>(r.Uleb()), cie.data_align);
           if (RegRule* rr = Track(st, reg)) *rr = {RegRule::kValOffset, off, {}};
           break;
         }
         case 0x15: {  // val_offset_sf
           uint64_t reg = r.Uleb();
-          int64_t off = r.Sleb() * cie.data_align;
+          int64_t off = Factored(r.Sleb(), cie.data_align);
           if (RegRule* rr = Track(st, reg)) *rr = {RegRule::kValOffset, off, {}};
           break;
         }
@@ -443,7 +457,7 @@ class Builder {
         case 0x2e: r.Uleb(); break;  // GNU_args_size
         case 0x2f: {                 // GNU_negative_offset_extended
           uint64_t reg = r.Uleb();
-          int64_t off = -static_cast<int64_t>(r.Uleb()) * cie.data_align;
+          int64_t off = Factored(static_cast<int64_t>(0 - r.Uleb()), cie.data_align);
           if (RegRule* rr = Track(st, reg)) *rr = {RegRule::kOffset, off, {}};
           break;
         }
