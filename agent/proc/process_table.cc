@@ -264,8 +264,14 @@ MappingRef ProcessTable::FindMapping(const ProcessKey& key, uint64_t addr) {
 
 void ProcessTable::EndWindow() {
   std::lock_guard<std::mutex> l(mu_);
+  // Idle entries go, except snapshots of processes still running: BPF sends no new event for a
+  // process it knows, so a snapshot dropped now could not be taken again before that process's
+  // next samples, and it might exit before their flush.
   absl::erase_if(entries_, [this](const auto& kv) {
-    return kv.second->last_used_window != window_ && kv.second->created_window != window_;
+    if (kv.second->last_used_window == window_ || kv.second->created_window == window_) {
+      return false;
+    }
+    return !kv.second->info->snapshot || access(ProcDir(kv.first.tgid).c_str(), F_OK) != 0;
   });
   absl::erase_if(pins_, [](const auto& kv) { return kv.second.expired(); });
   failed_.clear();
@@ -274,7 +280,8 @@ void ProcessTable::EndWindow() {
 
 void ProcessTable::MakeRoomLocked() {
   if (entries_.size() < max_processes_) return;
-  // Entries idle this window would be forgotten at EndWindow anyway.
+  // Entries idle this window go first (also snapshots of running processes, which EndWindow
+  // keeps).
   absl::erase_if(entries_, [this](const auto& kv) {
     return kv.second->last_used_window != window_ && kv.second->created_window != window_;
   });

@@ -111,7 +111,7 @@ class ProcessTable {
   // treated as 1) bounds memory: when full, entries not used in the current window are evicted
   // first, then the least recently used ones. max_pinned_files bounds the open file descriptors
   // (mappings beyond it are not pinned and are read by path at flush, as before).
-  explicit ProcessTable(std::string proc_root = "/proc", size_t max_processes = 32768,
+  explicit ProcessTable(std::string proc_root = "/proc", size_t max_processes = 8192,
                         size_t max_pinned_files = 4096);
 
   // Reads the process now (stat, comm, exe, maps) and opens each file-backed executable mapping's
@@ -135,7 +135,8 @@ class ProcessTable {
   MappingRef FindMapping(const ProcessKey& key, uint64_t addr);
 
   // Marks the end of a collection window: forgets processes neither used (Get/FindMapping) nor
-  // snapshotted during the window, and the cached failures.
+  // snapshotted during the window, except snapshots of processes still running
+  // (<proc_root>/<tgid> exists), and the cached failures.
   void EndWindow();
 
   // Number of cached processes.

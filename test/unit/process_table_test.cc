@@ -408,5 +408,30 @@ TEST_CASE("ProcessTable::Snapshot pins mapped files: readable after deletion and
   CHECK(table.snapshots() == 1);
 }
 
+TEST_CASE("ProcessTable keeps the snapshot of a running process through idle windows") {
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  // The child's /proc entry exists from fork on; its stat shows its own start time.
+  auto text = ReadFileToString(absl::StrCat("/proc/", child, "/stat"));
+  REQUIRE(text.ok());
+  auto st = ParseStat(*text);
+  REQUIRE(st.ok());
+  const ProcessKey key{static_cast<uint32_t>(child), TicksToNs(st->start_time_ticks), 1};
+  ProcessTable table;
+  REQUIRE(table.Snapshot(key).ok());
+  for (int i = 0; i < 3; ++i) table.EndWindow();  // idle, but running: kept
+  CHECK(table.size() == 1);
+  CHECK(table.HasSnapshot(key));
+  kill(child, SIGKILL);
+  REQUIRE(waitpid(child, nullptr, 0) == child);
+  table.EndWindow();  // exited and idle: released
+  CHECK(table.size() == 0);
+  CHECK(table.pinned_files() == 0);
+}
+
 }  // namespace
 }  // namespace parascope::proc
