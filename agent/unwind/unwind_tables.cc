@@ -387,7 +387,10 @@ absl::Status UnwindTables::LoadProcess(uint32_t tgid, uint64_t start_ticks, uint
     Quarantine(false, p.map_first, p.map_count);
     for (Table* t : p.tables) Unref(t);
   }
+  if (p.start_ticks != start_ticks || p.exec_id != exec_id) p.loads = 0;
+  ++p.loads;
   p.start_ticks = start_ticks;
+  p.exec_id = exec_id;
   p.map_first = *first;
   p.map_count = n;
   p.tables = std::move(refs);
@@ -410,17 +413,16 @@ void UnwindTables::RetryIncomplete(int64_t now_ns, int64_t min_interval_ns) {
 bool UnwindTables::RefreshDue(uint32_t tgid, uint64_t start_ticks, int64_t now_ns,
                               int64_t min_interval_ns) const {
   auto it = processes_.find(tgid);
-  return it == processes_.end() || it->second.start_ticks != start_ticks ||
-         now_ns - it->second.last_refresh_ns >= min_interval_ns;
+  if (it == processes_.end() || it->second.start_ticks != start_ticks) return true;
+  // A new image maps its libraries in its first milliseconds (ld.so after exec): its first
+  // reloads are allowed at once, later ones at the rate.
+  const int64_t interval = it->second.loads < kQuickReloads ? kQuickReloadNs : min_interval_ns;
+  return now_ns - it->second.last_refresh_ns >= interval;
 }
 
 absl::Status UnwindTables::RefreshProcess(uint32_t tgid, uint64_t start_ticks, int64_t now_ns,
                                           int64_t min_interval_ns) {
-  auto it = processes_.find(tgid);
-  if (it != processes_.end() && it->second.start_ticks == start_ticks &&
-      now_ns - it->second.last_refresh_ns < min_interval_ns) {
-    return absl::OkStatus();
-  }
+  if (!RefreshDue(tgid, start_ticks, now_ns, min_interval_ns)) return absl::OkStatus();
   return LoadProcess(tgid, start_ticks);
 }
 
@@ -470,12 +472,15 @@ void UnwindService::Start(const std::vector<uint32_t>& tgids) {
       for (uint32_t t : tgids) (void)tables_.LoadProcess(t);
     }
   }
-  thread_ = std::thread([this] { Loop(); });
+  table_thread_ = std::thread([this] { TableLoop(); });
+  thread_ = std::thread([this] { PollLoop(); });
 }
 
 void UnwindService::Stop() {
   stop_ = true;
+  queue_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (table_thread_.joinable()) table_thread_.join();
 }
 
 UnwindTableStats UnwindService::stats() const {
@@ -483,13 +488,11 @@ UnwindTableStats UnwindService::stats() const {
   return tables_.stats();
 }
 
-void UnwindService::Loop() {
-  // Exited processes are forgotten every 10 s (one /proc/<tgid>/stat read each: ~100 reads a
-  // second with 1000 processes). A stale entry is harmless meanwhile: the walker checks the
-  // start time, and a new process with the pid replaces it on its first sample.
-  constexpr int64_t kSweepNs = 10000000000;
-  constexpr int64_t kRefreshNs = 200000000;       // a process's maps re-read at most every 0.2 s
-  int64_t last_sweep = MonotonicNowNs();
+void UnwindService::PollLoop() {
+  // Snapshots for images that report unknown pcs (libraries loaded since): at once for the first
+  // few (ld.so maps libc and friends right after exec), then at most every 0.2 s.
+  constexpr int64_t kSnapshotRefreshNs = 200000000;
+  constexpr uint32_t kQuickSnapshots = 4;
   std::vector<ps_unwind_event> batch;
   while (!stop_) {
     batch.clear();
@@ -500,27 +503,70 @@ void UnwindService::Loop() {
               std::strerror(-rc));
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    if (batch.empty()) continue;
+    const int64_t now = MonotonicNowNs();
+    std::vector<Work> work;
+    work.reserve(batch.size());
+    for (const ps_unwind_event& e : batch) {
+      Work w{e, nullptr};
+      if (processes_ != nullptr) {
+        const proc::ProcessKey key{e.tgid, e.tgid_start_ns, e.exec_id};
+        bool take;
+        if (e.kind == PS_UNWIND_EVENT_UNKNOWN_PC) {
+          SnapshotRate& r = snapshot_rate_[key];
+          take = now - r.last_ns >= (r.count < kQuickSnapshots ? 0 : kSnapshotRefreshNs);
+        } else {
+          take = e.kind == PS_UNWIND_EVENT_EXEC || !processes_->HasSnapshot(key);
+        }
+        if (take) {
+          if (snapshot_rate_.size() >= 65536) snapshot_rate_.clear();
+          SnapshotRate& r = snapshot_rate_[key];
+          r.last_ns = now;
+          ++r.count;
+          auto s = processes_->Snapshot(key);
+          Log(LogLevel::kDebug, "process %d (exec %d): snapshot after event %d: %s", e.tgid,
+              e.exec_id, e.kind,
+              s.ok() ? absl::StrCat((*s)->maps.size(), " mappings") : s.status().ToString());
+          if (s.ok()) w.snapshot = *std::move(s);
+        }
+      }
+      work.push_back(std::move(w));
+    }
+    {
+      std::lock_guard<std::mutex> l(queue_mu_);
+      for (Work& w : work) {
+        if (queue_.size() >= kMaxQueued) {
+          ++dropped_;
+          continue;
+        }
+        queue_.push_back(std::move(w));
+      }
+    }
+    queue_cv_.notify_one();
+  }
+}
+
+void UnwindService::TableLoop() {
+  // Exited processes are forgotten every 10 s (one /proc/<tgid>/stat read each: ~100 reads a
+  // second with 1000 processes). A stale entry is harmless meanwhile: the walker checks the
+  // start time, and a new process with the pid replaces it on its first sample.
+  constexpr int64_t kSweepNs = 10000000000;
+  constexpr int64_t kRefreshNs = 200000000;       // a process's maps re-read at most every 0.2 s
+  int64_t last_sweep = MonotonicNowNs();
+  std::deque<Work> batch;
+  while (!stop_) {
+    {
+      std::unique_lock<std::mutex> l(queue_mu_);
+      queue_cv_.wait_for(l, std::chrono::milliseconds(100),
+                         [this] { return stop_ || !queue_.empty(); });
+      batch.swap(queue_);
+    }
     std::lock_guard<std::mutex> l(mu_);
     const int64_t now = MonotonicNowNs();
-    for (const ps_unwind_event& e : batch) {
+    for (const Work& w : batch) {
+      const ps_unwind_event& e = w.event;
       uint64_t ticks = e.tgid_start_ns / PS_NS_PER_TICK;
-      const proc::ProcessKey key{e.tgid, e.tgid_start_ns, e.exec_id};
-      const bool known = tables_.Known(e.tgid, ticks);
-      // The symbolizer's snapshot: taken once per image (first event), again when its mappings
-      // are reloaded (a library loaded since). Read first, so the unwinder reuses its pins.
-      std::shared_ptr<const proc::ProcessInfo> snapshot;
-      auto take_snapshot = [&] {
-        if (processes_ == nullptr) return;
-        auto s = processes_->Snapshot(key);
-        Log(LogLevel::kDebug, "process %d (exec %d): snapshot after event %d: %s", e.tgid,
-            e.exec_id, e.kind, s.ok() ? absl::StrCat((*s)->maps.size(), " mappings")
-                                      : s.status().ToString());
-        if (s.ok()) snapshot = *std::move(s);
-      };
-      if (e.kind == PS_UNWIND_EVENT_NEW_PROCESS && known) {
-        if (processes_ != nullptr && !processes_->HasSnapshot(key)) take_snapshot();
-        continue;
-      }
+      if (e.kind == PS_UNWIND_EVENT_NEW_PROCESS && tables_.Known(e.tgid, ticks)) continue;
       if (auto it = retry_after_.find(e.tgid); it != retry_after_.end()) {
         if (now < it->second && e.kind != PS_UNWIND_EVENT_EXEC) continue;
         retry_after_.erase(it);
@@ -529,13 +575,15 @@ void UnwindService::Loop() {
       const bool load = e.kind == PS_UNWIND_EVENT_EXEC ||
                         tables_.RefreshDue(e.tgid, ticks, now, kRefreshNs);
       if (!load) continue;
-      take_snapshot();
-      absl::Status s = tables_.LoadProcess(e.tgid, ticks, e.exec_id, snapshot.get());
+      // The snapshot (read when the event arrived) is used if it is this image's; a later
+      // event's maps are read here.
+      absl::Status s = tables_.LoadProcess(e.tgid, ticks, e.exec_id, w.snapshot.get());
       if (!s.ok()) {
         if (retry_after_.size() >= 65536) retry_after_.clear();
-        retry_after_[e.tgid] = now + kRefreshNs * 2;  // a failed load is retried after 1 s
+        retry_after_[e.tgid] = now + kRefreshNs * 2;  // a failed load is retried after 0.4 s
       }
     }
+    batch.clear();
     tables_.ReleaseQuarantine(now);
     if (processes_ != nullptr) processes_->PollPerfMaps(now);
     if (now - last_sweep >= kSweepNs) {

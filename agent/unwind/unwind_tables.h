@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -98,6 +99,9 @@ class UnwindTables {
   absl::Status LoadProcess(uint32_t tgid, uint64_t start_ticks = 0,
                            uint32_t exec_id = PS_EXEC_ID_UNKNOWN,
                            const proc::ProcessInfo* snapshot = nullptr);
+  // Reloads of a new image allowed kQuickReloadNs apart before the caller's rate applies.
+  static constexpr uint32_t kQuickReloads = 4;
+  static constexpr int64_t kQuickReloadNs = 2000000;  // 2 ms
   // True when RefreshProcess would reload the process now.
   bool RefreshDue(uint32_t tgid, uint64_t start_ticks, int64_t now_ns,
                   int64_t min_interval_ns) const;
@@ -136,6 +140,8 @@ class UnwindTables {
     uint32_t map_first = 0, map_count = 0;
     std::vector<Table*> tables;  // one ref each
     int64_t last_refresh_ns = 0;
+    uint32_t exec_id = PS_EXEC_ID_UNKNOWN;
+    uint32_t loads = 0;          // loads of this image (RefreshDue's quick first reloads)
     bool incomplete = false;     // a file got no table for lack of room
   };
 
@@ -190,9 +196,21 @@ class UnwindService {
   void Start(const std::vector<uint32_t>& tgids);
   void Stop();
   UnwindTableStats stats() const;
+  // Table requests dropped because the queue between the two threads was full.
+  uint64_t dropped() const { return dropped_; }
 
  private:
-  void Loop();
+  // Polls the ring buffer and snapshots each new process image at once (cheap: a maps read and
+  // some opens), so short-lived processes are read while they run, then queues the event.
+  void PollLoop();
+  // Builds tables and loads mapping lists from the queue (can take tens of ms per big file).
+  void TableLoop();
+
+  struct Work {
+    ps_unwind_event event;
+    std::shared_ptr<const proc::ProcessInfo> snapshot;  // null: none taken
+  };
+  static constexpr size_t kMaxQueued = 65536;
 
   std::unique_ptr<UnwindMaps> maps_;
   Poller poll_;
@@ -200,7 +218,17 @@ class UnwindService {
   mutable std::mutex mu_;
   UnwindTables tables_;
   std::atomic<bool> stop_{false};
-  std::thread thread_;
+  std::thread thread_, table_thread_;
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<Work> queue_;
+  std::atomic<uint64_t> dropped_{0};
+  // PollLoop's snapshot rate for images that keep reporting unknown pcs: last time, count.
+  struct SnapshotRate {
+    int64_t last_ns = 0;
+    uint32_t count = 0;
+  };
+  absl::flat_hash_map<proc::ProcessKey, SnapshotRate> snapshot_rate_;
   // Processes whose load failed, not retried before the time (monotonic ns) given.
   absl::flat_hash_map<uint32_t, int64_t> retry_after_;
 };
