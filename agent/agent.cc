@@ -3,6 +3,7 @@
 #include <malloc.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -464,8 +465,19 @@ absl::Status RunAgent(const Config& config) {
   opts.min_offcpu_ns = absl::ToInt64Nanoseconds(config.off_cpu_min_duration);
   opts.offcpu_stack_rate = static_cast<uint32_t>(config.off_cpu_stack_rate);
   opts.unwind_table_bytes = static_cast<uint64_t>(config.unwind_table_bytes);
+  // Open files: pinned mapped files and perf maps, BPF maps and programs, perf events (one per
+  // CPU), sockets. The soft RLIMIT_NOFILE (often 1024) is raised to the hard one (setrlimit(2);
+  // systemd's default hard limit is 524288), and pinning takes at most a quarter of it.
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &nofile);
+    (void)getrlimit(RLIMIT_NOFILE, &nofile);
+  }
+  const size_t max_pinned = static_cast<size_t>(
+      std::min<rlim_t>(4096, nofile.rlim_cur == RLIM_INFINITY ? 4096 : nofile.rlim_cur / 4));
   // Before the programs: the unwinder's thread snapshots processes into it from the first event.
-  proc::ProcessTable processes;
+  proc::ProcessTable processes("/proc", 8192, max_pinned);
   opts.processes = &processes;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<BpfPrograms> bpf, BpfPrograms::Create(opts));
   // Unix time of a monotonic instant: windows are cut on CLOCK_MONOTONIC (what BPF sees).

@@ -144,9 +144,16 @@ int ps_on_cpu_sample(struct bpf_perf_event_data *ctx) {
  * new executable and ld.so have tables before the process runs; libraries ld.so maps next are
  * requested at their first pc. Runs in the exec'ing task (include/trace/events/sched.h). */
 static __always_inline int ps_on_exec(void) {
-  __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  __u32 tgid = pid_tgid >> 32;
   struct task_struct *task = (struct task_struct *)bpf_get_current_task();
   bpf_map_delete_elem(&ps_unwind_procs, &tgid);
+  /* The exact on-CPU time from here on is the new image's: this CPU's record of its task takes
+   * the new exec id (ps_cpu_state is written only on its own CPU). */
+  __u32 zero = 0;
+  struct ps_cpu_state *cs = bpf_map_lookup_elem(&ps_cpu_state, &zero);
+  if (cs && cs->tid == (__u32)pid_tgid)
+    cs->exec_id = ps_exec_id(task);
   if (ps_tgid_tracked(tgid))
     ps_unwind_notify(tgid, BPF_CORE_READ(task, group_leader, start_boottime), ps_exec_id(task),
                      PS_UNWIND_EVENT_EXEC);

@@ -68,6 +68,8 @@ struct ps_unwind_notified {
   __u32 tgid;
   __u32 kind;
   __u64 ns;
+  __u32 exec_id; /* a new image of the same process is a new request */
+  __u32 pad;
 };
 struct {
   __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -86,10 +88,12 @@ static __always_inline void ps_unwind_notify(__u32 tgid, __u64 tgid_start_ns, __
   if (!last)
     return;
   __u64 now = bpf_ktime_get_ns();
-  if (last->tgid == tgid && last->kind == kind && now - last->ns < PS_UNWIND_NOTIFY_INTERVAL_NS)
+  if (last->tgid == tgid && last->kind == kind && last->exec_id == exec_id &&
+      now - last->ns < PS_UNWIND_NOTIFY_INTERVAL_NS)
     return;
   last->tgid = tgid;
   last->kind = kind;
+  last->exec_id = exec_id;
   last->ns = now;
   struct ps_unwind_event *e = bpf_ringbuf_reserve(&ps_unwind_events, sizeof(*e), 0);
   if (!e) {

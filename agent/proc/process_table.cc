@@ -108,7 +108,7 @@ absl::StatusOr<std::shared_ptr<ProcessInfo>> ProcessTable::Read(const ProcessKey
 void ProcessTable::Pin(ProcessInfo* info) {
   for (size_t i = 0; i < info->maps.size(); ++i) {
     const MapEntry& m = info->maps[i];
-    if (!m.file_backed()) continue;
+    if (!m.file_backed() || info->files[i] != nullptr) continue;
     MapsFileId id{(uint64_t{m.dev_major} << 32) | m.dev_minor, m.inode, m.path};
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -128,10 +128,11 @@ void ProcessTable::Pin(ProcessInfo* info) {
     // to its root).
     std::string via_map_files =
         absl::StrFormat("%s/%d/map_files/%x-%x", proc_root_, info->key.tgid, m.start, m.end);
-    int fd = open(via_map_files.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a path the process controls may name a FIFO; opening must never block.
+    int fd = open(via_map_files.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0 && !m.deleted) {
       fd = open(absl::StrCat(ProcDir(info->key.tgid), "/root", m.path).c_str(),
-                O_RDONLY | O_CLOEXEC);
+                O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     }
     if (fd < 0) continue;
     struct ::stat st {};
@@ -163,6 +164,12 @@ absl::StatusOr<std::shared_ptr<const ProcessInfo>> ProcessTable::Snapshot(const 
   std::lock_guard<std::mutex> l(mu_);
   ++snapshots_;
   failed_.erase(key);
+  // Earlier images of this process (before an exec) are done once idle.
+  for (auto& [k, e] : entries_) {
+    if (k.tgid == key.tgid && k.start_boot_ns == key.start_boot_ns && k.exec_id != key.exec_id) {
+      e->superseded = true;
+    }
+  }
   auto it = entries_.find(key);
   if (it == entries_.end()) {
     MakeRoomLocked();
@@ -247,11 +254,30 @@ MappingRef ProcessTable::FindMapping(const ProcessKey& key, uint64_t addr) {
       CountErrorLocked(maps.status());  // keep the old maps: earlier samples may still need them
       return {};
     }
-    // A new snapshot: the old one stays valid for whoever holds it. Files already pinned are
-    // kept, new ones pinned.
+    // A new snapshot: the old one stays valid for whoever holds it. The known mappings stay (the
+    // re-read cannot tell whether the process exec'ed since: /proc shows no exec id), and only
+    // mappings that overlap none of them are added (a library loaded since), pinned now.
     auto fresh = std::make_shared<ProcessInfo>(*info);
-    fresh->maps = *std::move(maps);
-    fresh->files.assign(fresh->maps.size(), nullptr);
+    for (MapEntry& m : *maps) {
+      bool overlaps = false;
+      for (const MapEntry& old : info->maps) overlaps |= m.start < old.end && old.start < m.end;
+      if (overlaps) continue;
+      fresh->maps.push_back(std::move(m));
+      fresh->files.push_back(nullptr);
+    }
+    std::vector<size_t> order(fresh->maps.size());
+    for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return fresh->maps[a].start < fresh->maps[b].start;
+    });
+    std::vector<MapEntry> sorted_maps;
+    std::vector<std::shared_ptr<const PinnedFile>> sorted_files;
+    for (size_t k : order) {
+      sorted_maps.push_back(std::move(fresh->maps[k]));
+      sorted_files.push_back(std::move(fresh->files[k]));
+    }
+    fresh->maps = std::move(sorted_maps);
+    fresh->files = std::move(sorted_files);
     Pin(fresh.get());
     info = fresh;
     l.lock();
@@ -271,7 +297,7 @@ void ProcessTable::EndWindow() {
     if (kv.second->last_used_window == window_ || kv.second->created_window == window_) {
       return false;
     }
-    return !kv.second->info->snapshot || access(ProcDir(kv.first.tgid).c_str(), F_OK) != 0;
+    return !kv.second->info->snapshot || kv.second->superseded || !ReadStat(kv.first).ok();
   });
   absl::erase_if(pins_, [](const auto& kv) { return kv.second.expired(); });
   failed_.clear();
@@ -339,12 +365,24 @@ std::shared_ptr<const PinnedFile> ProcessTable::OpenPerfMap(const ProcessKey& ke
     if (!ids.empty() && absl::SimpleAtoi(ids.back(), &v) && v != 0) nspid = v;
     break;
   }
+  // The process's effective uid (Uid: real, effective, saved, fs): like perf, only a map owned
+  // by the process's user (or root) is believed, so another user cannot plant symbols in /tmp.
+  uint64_t euid = ~uint64_t{0};
+  for (absl::string_view line : absl::StrSplit(*status, '\n')) {
+    if (!absl::ConsumePrefix(&line, "Uid:")) continue;
+    std::vector<absl::string_view> ids =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    if (ids.size() >= 2) (void)absl::SimpleAtoi(ids[1], &euid);
+    break;
+  }
   *seen = absl::StrCat("/tmp/perf-", nspid, ".map");
-  int fd = open(absl::StrCat(dir, "/root", *seen).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  int fd = open(absl::StrCat(dir, "/root", *seen).c_str(),
+                O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return nullptr;
   struct ::stat st {};
   // The pid may have been reused between reading status and the open.
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || !ReadStat(key).ok()) {
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      (st.st_uid != 0 && st.st_uid != euid) || !ReadStat(key).ok()) {
     close(fd);
     return nullptr;
   }

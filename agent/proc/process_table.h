@@ -135,8 +135,8 @@ class ProcessTable {
   MappingRef FindMapping(const ProcessKey& key, uint64_t addr);
 
   // Marks the end of a collection window: forgets processes neither used (Get/FindMapping) nor
-  // snapshotted during the window, except snapshots of processes still running
-  // (<proc_root>/<tgid> exists), and the cached failures.
+  // snapshotted during the window, except snapshots of the current image of processes still
+  // running (same start time in <proc_root>/<tgid>/stat), and the cached failures.
   void EndWindow();
 
   // Number of cached processes.
@@ -179,6 +179,7 @@ class ProcessTable {
     uint64_t maps_read_window = 0;  // window_ when maps were last read
     uint64_t created_window = 0;    // window_ when made
     bool jit_candidate = false;     // has anonymous executable memory
+    bool superseded = false;        // the process has exec'ed another image since
     int64_t perf_map_next_try_ns = 0;
     std::shared_ptr<const PinnedFile> perf_map;
     std::string perf_map_path;      // as the process sees it

@@ -5,6 +5,7 @@
 #include <elfutils/libdwelf.h>
 #include <elfutils/libdwfl.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -100,12 +101,21 @@ int FindDebugInfo(Dwfl_Module* mod, void** /*userdata*/, const char* /*modname*/
     candidates.push_back(absl::StrCat(self->seen_dir_, "/", debuglink_file));
     candidates.push_back(absl::StrCat(self->seen_dir_, "/.debug/", debuglink_file));
     for (const std::string& d : self->search_.debug_dirs) {
-      candidates.push_back(absl::StrCat(d, self->seen_dir_, "/", debuglink_file));
+      if (!self->process_dir_.empty()) {
+        candidates.push_back(absl::StrCat(d, self->process_dir_, "/", debuglink_file));
+      }
     }
   }
   for (const std::string& c : candidates) {
-    int fd = open(c.c_str(), O_RDONLY | O_CLOEXEC);
+    // The process owner names the debuglink and the directory: never block on a FIFO, never
+    // read a device.
+    int fd = open(c.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) continue;
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      close(fd);
+      continue;
+    }
     // The right file: the binary's build id, else (no build id) the debuglink's CRC.
     bool ok;
     if (!build_id.empty()) {
@@ -138,26 +148,55 @@ const Dwfl_Callbacks kCallbacks = {
 
 absl::StatusOr<std::unique_ptr<DwarfFile>> DwarfFile::Open(const std::string& open_path,
                                                            const std::string& seen_dir,
+                                                           const std::string& process_dir,
                                                            const DebugSearch& search) {
-  int fd = open(open_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", open_path));
   std::unique_ptr<DwarfFile> self(new DwarfFile());
   self->seen_dir_ = seen_dir;
+  self->process_dir_ = process_dir;
   self->search_ = search;
-  self->dwfl_ = dwfl_begin(&kCallbacks);
-  if (self->dwfl_ == nullptr) {
+  PS_RETURN_IF_ERROR(self->Attach(open_path));
+  return self;
+}
+
+absl::Status DwarfFile::Attach(const std::string& open_path) {
+  int fd = open(open_path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", open_path));
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(open_path, ": not a regular file"));
+  }
+  dwfl_ = dwfl_begin(&kCallbacks);
+  if (dwfl_ == nullptr) {
     close(fd);
     return absl::InternalError(absl::StrCat("dwfl_begin: ", dwfl_errmsg(-1)));
   }
   // Base 0: module addresses are the ELF file's virtual addresses (what ElfFile gives).
-  self->module_ = dwfl_report_elf(self->dwfl_, "module", open_path.c_str(), fd, 0, false);
-  if (self->module_ == nullptr) {
+  module_ = dwfl_report_elf(dwfl_, "module", open_path.c_str(), fd, 0, false);
+  if (module_ == nullptr) {
     close(fd);  // not consumed on failure
+    dwfl_end(dwfl_);
+    dwfl_ = nullptr;
     return absl::InvalidArgumentError(
         absl::StrCat("libdwfl cannot read ", open_path, ": ", dwfl_errmsg(-1)));
   }
-  dwfl_report_end(self->dwfl_, nullptr, nullptr);
-  return self;
+  dwfl_report_end(dwfl_, nullptr, nullptr);
+  return absl::OkStatus();
+}
+
+void DwarfFile::Close() {
+  if (dwfl_ == nullptr) return;
+  dwfl_end(dwfl_);
+  dwfl_ = nullptr;
+  module_ = nullptr;
+  syms_.clear();  // names pointed into libdwfl's symbol table
+  syms_.shrink_to_fit();
+  syms_built_ = false;
+}
+
+absl::Status DwarfFile::Reopen(const std::string& open_path) {
+  if (dwfl_ != nullptr) return absl::OkStatus();
+  return Attach(open_path);
 }
 
 DwarfFile::~DwarfFile() {
@@ -267,7 +306,7 @@ void DwarfFile::Resolve(uint64_t vaddr, std::vector<SourceFrame>* out) {
         chain[0] = innermost;
         m = 1;
       }
-      if (fn != nullptr && plain_functions_.size() < 65536 && !HasInlinedCode(&innermost)) {
+      if (fn != nullptr && plain_functions_.size() < 16384 && !HasInlinedCode(&innermost)) {
         PlainFunction pf;
         DieNames(&innermost, &pf.name, &pf.system_name);
         if (pf.name.empty()) {
@@ -322,7 +361,7 @@ void DwarfFile::Resolve(uint64_t vaddr, std::vector<SourceFrame>* out) {
 }
 
 bool DwarfFile::HasDwarf() {
-  if (!dwarf_checked_) {
+  if (!dwarf_checked_ && module_ != nullptr) {
     dwarf_checked_ = true;
     Dwarf_Addr bias = 0;
     g_resolving = this;
@@ -334,7 +373,9 @@ bool DwarfFile::HasDwarf() {
 
 const std::vector<SourceFrame>& DwarfFile::Symbolize(uint64_t vaddr) {
   if (auto it = memo_.find(vaddr); it != memo_.end()) return it->second;
-  if (memo_bytes_ > (size_t{4} << 20)) {
+  static const std::vector<SourceFrame> kNone;
+  if (module_ == nullptr) return kNone;  // closed, and could not be reopened
+  if (memo_bytes_ > (size_t{1} << 20)) {
     memo_.clear();
     memo_bytes_ = 0;
   }
@@ -354,26 +395,45 @@ DwarfCache::DwarfCache(DebugSearch search, size_t max_files)
     : search_(std::move(search)), max_files_(std::max<size_t>(max_files, 1)) {}
 
 std::shared_ptr<DwarfFile> DwarfCache::Get(const std::string& key, const std::string& open_path,
-                                           const std::string& seen_dir) {
+                                           const std::string& seen_dir,
+                                           const std::string& process_dir) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (auto it = index_.find(key); it != index_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second);
-      return it->second->file;
+      it->second->last_used_window = window_;
+      std::shared_ptr<DwarfFile> f = it->second->file;
+      if (f != nullptr && f->closed()) (void)f->Reopen(open_path);  // results stay if this fails
+      return f;
     }
   }
-  absl::StatusOr<std::unique_ptr<DwarfFile>> opened = DwarfFile::Open(open_path, seen_dir, search_);
+  absl::StatusOr<std::unique_ptr<DwarfFile>> opened =
+      DwarfFile::Open(open_path, seen_dir, process_dir, search_);
   std::shared_ptr<DwarfFile> file;
   if (opened.ok()) file = std::shared_ptr<DwarfFile>(*std::move(opened));
   std::lock_guard<std::mutex> l(mu_);
   if (auto it = index_.find(key); it != index_.end()) return it->second->file;
-  lru_.push_front({key, file});
+  lru_.push_front({key, file, window_});
   index_[key] = lru_.begin();
   while (lru_.size() > max_files_) {
     index_.erase(lru_.back().key);
     lru_.pop_back();
   }
   return file;
+}
+
+void DwarfCache::EndWindow() {
+  std::lock_guard<std::mutex> l(mu_);
+  for (auto it = lru_.begin(); it != lru_.end();) {
+    if (it->file != nullptr) it->file->Close();
+    if (window_ - it->last_used_window >= 2) {
+      index_.erase(it->key);
+      it = lru_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  ++window_;
 }
 
 size_t DwarfCache::size() const {

@@ -45,19 +45,27 @@ class DwarfFile {
  public:
   // open_path: a path that opens the binary now (e.g. a pinned /proc/self/fd/N). seen_dir: the
   // directory the binary is in, as a path the agent can open (the process's view through
-  // /proc/<pid>/root, or the host path), for the .gnu_debuglink search; "" to skip that search.
+  // /proc/<pid>/root, or the host path), for the .gnu_debuglink search beside it; "" to skip.
+  // process_dir: that directory as the process names it (e.g. /usr/bin), for
+  // <debug dir>/<process_dir>/<debuglink>.
   // Errors: NotFound/PermissionDenied from open(2), InvalidArgument when libdwfl cannot read
   // the ELF file.
   static absl::StatusOr<std::unique_ptr<DwarfFile>> Open(const std::string& open_path,
                                                          const std::string& seen_dir,
+                                                         const std::string& process_dir,
                                                          const DebugSearch& search);
   ~DwarfFile();
   DwarfFile(const DwarfFile&) = delete;
+  // Releases libdwfl's handle (the mapped binary and debug file, libdw's caches) but keeps the
+  // results; Reopen attaches again (through a path valid now) for new addresses.
+  void Close();
+  bool closed() const { return dwfl_ == nullptr; }
+  absl::Status Reopen(const std::string& open_path);
   DwarfFile& operator=(const DwarfFile&) = delete;
 
   // The functions at ELF virtual address `vaddr` (as ElfFile::FileOffsetToVaddr gives it),
   // innermost first, with source lines when DWARF has them; empty when no symbol covers it.
-  // Results are cached (bounded: the cache is dropped when it exceeds 4 MiB).
+  // Results are cached (bounded: the cache is dropped when it exceeds 1 MiB).
   const std::vector<SourceFrame>& Symbolize(uint64_t vaddr);
   // True when the binary or a separate debug file has DWARF (looked up on the first call; the
   // separate debug file search runs then). Without it, Symbolize still names addresses from a
@@ -69,6 +77,7 @@ class DwarfFile {
 
  private:
   DwarfFile() = default;
+  absl::Status Attach(const std::string& open_path);
   void Resolve(uint64_t vaddr, std::vector<SourceFrame>* out);
   // The function symbol covering vaddr from libdwfl's symbol table (the binary's, its debug
   // file's or MiniDebugInfo's), through a sorted index built on first use: libdwfl's own
@@ -94,6 +103,7 @@ class DwarfFile {
   Dwfl* dwfl_ = nullptr;
   Dwfl_Module* module_ = nullptr;
   std::string seen_dir_;
+  std::string process_dir_;
   DebugSearch search_;
   std::string build_id_;  // lowercase hex
   bool has_dwarf_ = false;
@@ -111,18 +121,25 @@ class DwarfFile {
 // is for one thread at a time (the flush).
 class DwarfCache {
  public:
-  explicit DwarfCache(DebugSearch search = {}, size_t max_files = 64);
+  // max_files: open modules at most (each maps its debug file: file-backed RSS while used).
+  explicit DwarfCache(DebugSearch search = {}, size_t max_files = 16);
   // The DwarfFile for `key` (build id, or device/inode), opening it on a miss; null when it
   // cannot be opened (cached as such).
   std::shared_ptr<DwarfFile> Get(const std::string& key, const std::string& open_path,
-                                 const std::string& seen_dir);
+                                 const std::string& seen_dir, const std::string& process_dir);
   size_t size() const;
+  // Closes every file's libdwfl handle (the mapped binaries and debug files, libdw's caches: the
+  // bulk of the memory) and forgets the files not used during the last two windows; results of
+  // the others stay for the next window.
+  void EndWindow();
 
  private:
   struct Entry {
     std::string key;
     std::shared_ptr<DwarfFile> file;
+    uint64_t last_used_window = 0;
   };
+  uint64_t window_ = 0;
   DebugSearch search_;
   size_t max_files_;
   mutable std::mutex mu_;

@@ -297,7 +297,8 @@ class ElfFileReader {
 
 absl::StatusOr<std::unique_ptr<ElfFile>> ElfFile::Open(const std::string& path) {
   if (!InitLibelf()) return absl::InternalError("libelf: elf_version(EV_CURRENT) failed");
-  ScopedFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: the path may name a FIFO a process planted; opening must never block.
+  ScopedFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) return ErrnoStatus(errno, absl::StrCat("open ", path));
   struct stat st;
   if (fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, absl::StrCat("fstat ", path));

@@ -217,12 +217,13 @@ std::shared_ptr<symbolize::DwarfFile> StackSymbolizer::DwarfFor(const proc::Proc
   std::string dir = m->path.substr(0, m->path.find_last_of('/'));
   std::string root = absl::StrCat("/proc/", process.tgid, "/root");
   std::string seen_dir = access((root + dir).c_str(), X_OK) == 0 ? root + dir : dir;
-  return dwarf_->Get(key, paths.front(), seen_dir);
+  return dwarf_->Get(key, paths.front(), seen_dir, dir);
 }
 
 void StackSymbolizer::EndWindow() {
   window_elfs_.clear();
   perf_maps_.EndWindow();
+  if (dwarf_ != nullptr) dwarf_->EndWindow();
 }
 
 }  // namespace parascope

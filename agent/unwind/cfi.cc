@@ -1,6 +1,7 @@
 #include "agent/unwind/cfi.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <gelf.h>
 #include <libelf.h>
 #include <unistd.h>
@@ -729,8 +730,13 @@ absl::StatusOr<UnwindTable> BuildTable(const std::vector<CfiSection>& sections,
 }
 
 absl::StatusOr<UnwindTable> BuildTableFromFile(const std::string& path, const CfiArch& arch) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // never block on a FIFO
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", path));
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
   elf_version(EV_CURRENT);
   Elf* elf = elf_begin(fd, ELF_C_READ_MMAP, nullptr);
   absl::StatusOr<UnwindTable> t = FromElf(elf, arch);

@@ -101,6 +101,17 @@ bool UnwindTables::Known(uint32_t tgid, uint64_t start_ticks) const {
   return it != processes_.end() && it->second.start_ticks == start_ticks;
 }
 
+bool UnwindTables::KnownImage(uint32_t tgid, uint64_t start_ticks, uint32_t exec_id) {
+  auto it = processes_.find(tgid);
+  if (it == processes_.end() || it->second.start_ticks != start_ticks) return false;
+  Process& p = it->second;
+  if (p.exec_id == PS_EXEC_ID_UNKNOWN) {
+    p.exec_id = exec_id;  // loaded from /proc; the walker claimed the entry for this image
+    return true;
+  }
+  return p.exec_id == exec_id;
+}
+
 UnwindTableStats UnwindTables::stats() const {
   UnwindTableStats s = stats_;
   s.tables = tables_.size();
@@ -217,10 +228,11 @@ UnwindTables::Table* UnwindTables::TableFor(uint32_t tgid, const proc::MapEntry&
   if (fd < 0) {
     std::string via_map_files =
         absl::StrFormat("%s/%d/map_files/%x-%x", proc_root_, tgid, m.start, m.end);
-    fd = open(via_map_files.c_str(), O_RDONLY | O_CLOEXEC);
+    fd = open(via_map_files.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   }
   if (fd < 0 && !m.deleted) {
-    fd = open(absl::StrCat(proc_root_, "/", tgid, "/root", m.path).c_str(), O_RDONLY | O_CLOEXEC);
+    fd = open(absl::StrCat(proc_root_, "/", tgid, "/root", m.path).c_str(),
+              O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   }
   if (fd < 0) {
     ++stats_.unreadable;
@@ -566,13 +578,17 @@ void UnwindService::TableLoop() {
     for (const Work& w : batch) {
       const ps_unwind_event& e = w.event;
       uint64_t ticks = e.tgid_start_ns / PS_NS_PER_TICK;
-      if (e.kind == PS_UNWIND_EVENT_NEW_PROCESS && tables_.Known(e.tgid, ticks)) continue;
+      // A known image needs nothing; another image of a known process (an exec whose event was
+      // lost or folded into another's) is reloaded.
+      if (e.kind == PS_UNWIND_EVENT_NEW_PROCESS && tables_.KnownImage(e.tgid, ticks, e.exec_id)) {
+        continue;
+      }
       if (auto it = retry_after_.find(e.tgid); it != retry_after_.end()) {
         if (now < it->second && e.kind != PS_UNWIND_EVENT_EXEC) continue;
         retry_after_.erase(it);
       }
       // After an exec the old image's mappings are wrong: reload whatever the rate.
-      const bool load = e.kind == PS_UNWIND_EVENT_EXEC ||
+      const bool load = e.kind == PS_UNWIND_EVENT_EXEC || e.kind == PS_UNWIND_EVENT_NEW_PROCESS ||
                         tables_.RefreshDue(e.tgid, ticks, now, kRefreshNs);
       if (!load) continue;
       // The snapshot (read when the event arrived) is used if it is this image's; a later

@@ -121,6 +121,9 @@ class UnwindTables {
   void ReleaseQuarantine(int64_t now_ns, int64_t quarantine_ns = 1000000000);
 
   bool Known(uint32_t tgid, uint64_t start_ticks) const;
+  // Known, and its mapping list is image exec_id's (an entry loaded from /proc, whose exec id was
+  // unknown, adopts it: the walker claimed that entry for the running image).
+  bool KnownImage(uint32_t tgid, uint64_t start_ticks, uint32_t exec_id);
   UnwindTableStats stats() const;
 
   // For tests and the bench: the table built for a file (nullptr if none).
@@ -210,7 +213,7 @@ class UnwindService {
     ps_unwind_event event;
     std::shared_ptr<const proc::ProcessInfo> snapshot;  // null: none taken
   };
-  static constexpr size_t kMaxQueued = 65536;
+  static constexpr size_t kMaxQueued = 8192;
 
   std::unique_ptr<UnwindMaps> maps_;
   Poller poll_;
