@@ -3,15 +3,17 @@
 
 Runs each scenario with no profiler, with parascope at its defaults (writing to a local dir) and
 with the peers users would otherwise run (perf record, libbpf-tools offcputime, bpftrace),
-interleaved run by run, then measures the agent's footprint. Prints one report and writes it as
-JSON and Markdown under build/bench/. Figures only: a missed budget is reported, never fatal.
+interleaved run by run, then measures the agent's footprint, then (scenario "lifecycle")
+parascope alone for minutes of 1000 short-lived processes a minute: RSS, open fds, symbolization
+CPU per window. Prints one report and writes it as JSON and Markdown under build/bench/.
+Figures only: a missed budget is reported, never fatal.
 Exit status: 0 when every measurement was taken, 1 when some could not be (a profiler or workload
 failed; the report lists which), 2 on a usage or environment problem (not root, missing tools).
 
 Settings come from the environment (see bench/README.md): BENCH_RUNS, BENCH_SECONDS,
 BENCH_CHURN_PROCS, BENCH_THREADS, BENCH_PINGPONG_CPU, BENCH_SCENARIOS, BENCH_TOOLS,
-BENCH_FOOTPRINT_SECONDS, BENCH_CPU_PROCS, BENCH_LIVE_PROCS, BENCH_MEMORY_MINUTES, BENCH_OUT,
-PARASCOPE.
+BENCH_FOOTPRINT_SECONDS, BENCH_CPU_PROCS, BENCH_LIVE_PROCS, BENCH_MEMORY_MINUTES,
+BENCH_LIFECYCLE_MINUTES, BENCH_OUT, PARASCOPE.
 """
 
 import datetime
@@ -22,10 +24,12 @@ import re
 import resource
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,7 +50,9 @@ SETTINGS = {
     # scenario 2: both threads on this CPU (default: the last one; -1: unpinned). Unpinned,
     # the figure swings 2-3x with where the scheduler puts the two threads.
     "pingpong_cpu": env_int("BENCH_PINGPONG_CPU", os.cpu_count() - 1),
-    "scenarios": os.environ.get("BENCH_SCENARIOS", "cpu,switch,churn,threads").split(","),
+    # cpu, switch, churn, threads: interleaved with every tool; lifecycle: parascope alone
+    "scenarios": os.environ.get("BENCH_SCENARIOS",
+                                "cpu,switch,churn,threads,lifecycle").split(","),
     "tools": os.environ.get("BENCH_TOOLS", "parascope,perf,offcputime,bpftrace").split(","),
     # footprint: agent CPU with BENCH_CPU_PROCS processes (also for each peer) and RSS with
     # BENCH_LIVE_PROCS live processes, each for BENCH_FOOTPRINT_SECONDS (two default windows);
@@ -55,6 +61,9 @@ SETTINGS = {
     "cpu_procs": env_int("BENCH_CPU_PROCS", 200),
     "live_procs": env_int("BENCH_LIVE_PROCS", 1000),
     "memory_minutes": env_float("BENCH_MEMORY_MINUTES", 2),
+    # lifecycle: parascope for this long while ~1000 short-lived processes a minute start and
+    # exit (0 skips it)
+    "lifecycle_minutes": env_float("BENCH_LIFECYCLE_MINUTES", 5),
     # other work on the machine: before each run wait (at most quiet_wait_s per run, at most
     # quiet_budget_s in all) until the CPUs were less than quiet_cores busy for half a second
     "quiet_cores": env_float("BENCH_QUIET_CORES", 0.2),
@@ -324,10 +333,15 @@ class Profiler:
 class Parascope(Profiler):
     name = "parascope"
     bpf_name_prefix = "ps_"
+    keep_output = False  # True: the caller reads the profiles and removes output_dir
+
+    def __init__(self, tag, extra_args=()):
+        super().__init__(tag)
+        self.extra_args = list(extra_args)
 
     def argv(self):
         self.output_dir = os.path.join(TMP, f"{self.tag}.profiles")
-        return [PARASCOPE, f"--output-dir={self.output_dir}"]
+        return [PARASCOPE, f"--output-dir={self.output_dir}"] + self.extra_args
 
     def ready(self):
         with open(self.stderr_path, errors="replace") as f:
@@ -336,7 +350,8 @@ class Parascope(Profiler):
     def parse_logs(self):
         with open(self.stderr_path, errors="replace") as f:
             text = f.read()
-        shutil.rmtree(self.output_dir, ignore_errors=True)
+        if not self.keep_output:
+            shutil.rmtree(self.output_dir, ignore_errors=True)
         info = {}
         m = re.search(r"attached: .*? with (\S+) at", text)
         if m:
@@ -494,6 +509,13 @@ class ManyThreads(Scenario):
 
 
 SCENARIOS = {s.key: s for s in (CpuBound(), ContextSwitch(), Churn(), ManyThreads())}
+# Selected in BENCH_SCENARIOS like the others, but parascope alone, after the footprints.
+LIFECYCLE = "lifecycle"
+
+
+def interleaved_scenarios():
+    """The selected scenarios that run interleaved with every tool (all but lifecycle)."""
+    return [k for k in SETTINGS["scenarios"] if k in SCENARIOS]
 
 # ---------------------------------------------------------------------------------------------
 # Runs
@@ -525,7 +547,7 @@ def one_run(scenario, tool, tag):
 
 def run_scenarios(tools):
     runs = []
-    for key in SETTINGS["scenarios"]:
+    for key in interleaved_scenarios():
         scenario = SCENARIOS[key]
         log(f"{scenario.name}: {scenario.describe()}; {SETTINGS['runs']} runs x "
             f"{len(tools)} configurations, interleaved")
@@ -546,7 +568,7 @@ def run_scenarios(tools):
 def summarize(runs, tools):
     """Median and min-max per (scenario, tool); slowdown vs no profiler from the medians."""
     summary = {}
-    for key in SETTINGS["scenarios"]:
+    for key in interleaved_scenarios():
         scenario = SCENARIOS[key]
         rows = {}
         for tool in tools:
@@ -710,6 +732,270 @@ def footprint_churn():
 
 
 # ---------------------------------------------------------------------------------------------
+# Lifecycle: RSS, file descriptors and symbolization CPU under a stream of short-lived processes
+
+LIFECYCLE_PERIOD_MS = 60  # one process started every 60 ms: 1000 a minute
+LIFECYCLE_BURN_MS = 20  # CPU each burns in lifecycle_burn before it exits
+LIFECYCLE_COPIES = 20  # copies of the binary at different paths, used in turn
+LIFECYCLE_SH_EVERY = 5  # every 5th process: sh -c 'exec BIN ...' (an exec chain)
+LIFECYCLE_WINDOW_S = 15  # --collect-interval
+LIFECYCLE_SAMPLE_S = 5
+LIFECYCLE_FD_SLACK = 16  # fds the end may have beyond the baseline and still not be a leak
+LIFECYCLE_BURN_FUNCTION = "lifecycle_burn"
+LIFECYCLE_MERGE_MAX = 3000  # process_cpu profiles merged by pprof for the named-function check
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape_metrics(port):
+    """The agent's /metrics as {'name{labels}': value} (Prometheus text format)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        m = re.match(r"([A-Za-z_:][\w:]*(?:\{[^}]*\})?)\s+(\S+)$", line)
+        if m and not line.startswith("#"):
+            values[m.group(1)] = float(m.group(2))
+    return values
+
+
+def lifecycle_sample(pid, port, t):
+    sample = {"t": round(t, 1), "rss_kib": proc_status_kib(pid, "VmRSS"),
+              "fds": len(os.listdir(f"/proc/{pid}/fd")), "cpu_s": proc_cpu_seconds(pid)}
+    try:
+        m = scrape_metrics(port)
+    except OSError as e:
+        sample["scrape_error"] = str(e)
+        return sample
+    phase = 'parascope_window_cpu_seconds{phase="%s"}'
+    sample.update({
+        "windows": m.get("parascope_windows_total"),
+        "symbolize_s": m.get(phase % "symbolize"), "drain_s": m.get(phase % "drain"),
+        "export_s": m.get(phase % "export"),
+        "pinned_files": m.get("parascope_pinned_files"),
+        "processes_tracked": m.get("parascope_processes_tracked"),
+        "snapshots": m.get("parascope_process_snapshots_total"),
+        "frames": {re.search(r'source="([^"]*)"', k).group(1): v for k, v in m.items()
+                   if k.startswith("parascope_frames_symbolized_total{")},
+    })
+    return sample
+
+
+def lifecycle_windows(samples):
+    """One record per window, from the samples: the last sample that saw a windows_total value
+    holds that window's phase figures (the counter moves just before the phases are set, so an
+    earlier sample can still show the previous window's)."""
+    by_count = {}
+    for s in samples:
+        if s.get("windows"):
+            by_count[int(s["windows"])] = {"window": int(s["windows"]), "t": s["t"],
+                                           "symbolize_s": s["symbolize_s"],
+                                           "drain_s": s["drain_s"], "export_s": s["export_s"]}
+    return [by_count[k] for k in sorted(by_count)]
+
+
+PPROF = os.path.join(ROOT, "build", "tools", "pprof")  # built by `make build`, not `make bench`
+
+
+def pprof_top(files):
+    """`pprof -top` over the merged profiles, by sample count: (total samples, [{function,
+    flat_pct, cum_pct}]), or an error string. -symbolize=none: the names are the agent's only
+    (pprof would otherwise try to name what the agent left unnamed from the binaries)."""
+    out = subprocess.run([PPROF, "-top", "-symbolize=none", "-sample_index=samples",
+                          "-nodecount=8"] + files,
+                         capture_output=True, text=True, timeout=600)
+    m = re.search(r"of ([\d.]+) total", out.stdout)
+    if out.returncode != 0 or not m:
+        return f"pprof exited with {out.returncode}: {out.stderr.strip()[:300]}"
+    top = []
+    for line in out.stdout.splitlines():
+        r = re.match(r"\s*\S+\s+([\d.]+)%\s+[\d.]+%\s+\S+\s+([\d.]+)%\s+(.+)$", line)
+        if r:
+            top.append({"function": r.group(3), "flat_pct": float(r.group(1)),
+                        "cum_pct": float(r.group(2))})
+    return int(float(m.group(1))), top
+
+
+def lifecycle_named(output_dir, children):
+    """How much of the workload's on-CPU samples the profiles name lifecycle_burn: its
+    process_cpu profiles (matched by pid and start time) merged by build/tools/pprof, all
+    together and by how the process started (exec: directly; sh: through sh -c 'exec ...')."""
+    files = {}
+    result = {"processes": len(children), "processes_with_cpu_profile": 0, "by_start": {}}
+    for pid, ticks, kind in children:
+        # DIR/<pid>/<start ticks>.<exec id>/: one directory per image (two for the sh chains)
+        pid_dir = os.path.join(output_dir, pid)
+        images = os.listdir(pid_dir) if os.path.isdir(pid_dir) else []
+        mine = []
+        for d in images:
+            if d.split(".")[0] == ticks:
+                mine += [os.path.join(pid_dir, d, f) for f in os.listdir(os.path.join(pid_dir, d))
+                         if f.startswith("process_cpu-")]
+        result["processes_with_cpu_profile"] += bool(mine)
+        files.setdefault(kind, []).extend(mine)
+        result["by_start"].setdefault(kind, {"processes": 0})["processes"] += 1
+    everything = [f for fs in files.values() for f in fs]
+    result["profiles"] = len(everything)
+    if not everything:
+        return result
+    if not os.access(PPROF, os.X_OK):
+        result["skipped"] = f"{PPROF} not found (`make build` builds it)"
+        return result
+    for kind, group in [("all", everything)] + sorted(files.items()):
+        step = max(1, -(-len(group) // LIFECYCLE_MERGE_MAX))
+        merged = group[::step]
+        top = pprof_top(merged) if merged else (0, [])
+        if isinstance(top, str):
+            result["error"] = top
+            return result
+        burn = next((t for t in top[1] if t["function"] == LIFECYCLE_BURN_FUNCTION), {})
+        figures = {"profiles_merged": len(merged), "samples": top[0], "top": top[1],
+                   "burn_flat_pct": burn.get("flat_pct", 0.0),
+                   "burn_cum_pct": burn.get("cum_pct", 0.0)}
+        if kind == "all":
+            result.update(figures)
+        else:
+            result["by_start"][kind].update(figures)
+    return result
+
+
+def lifecycle():
+    """parascope (defaults, 15 s windows, /metrics on a free port) for lifecycle_minutes while
+    short_lived starts a process every 60 ms; samples the agent every 5 s."""
+    minutes = SETTINGS["lifecycle_minutes"]
+    seconds = minutes * 60
+    log(f"lifecycle: parascope for {minutes:g} min, a short-lived process every "
+        f"{LIFECYCLE_PERIOD_MS} ms ({LIFECYCLE_BURN_MS} ms of CPU each)")
+    bindir = os.path.join(TMP, "lifecycle-bin")
+    os.makedirs(bindir, exist_ok=True)
+    bins = []
+    for i in range(LIFECYCLE_COPIES):
+        bins.append(os.path.join(bindir, f"lc-burn-{i:02d}"))
+        shutil.copy2(workload("short_lived"), bins[-1])
+    port = free_port()
+    prof = Parascope("lifecycle", [f"--http-address=127.0.0.1:{port}",
+                                   f"--collect-interval={LIFECYCLE_WINDOW_S}s"])
+    prof.keep_output = True
+    set_bpf_stats(False)  # as deployed
+    spawn_out = os.path.join(LOGS, "lifecycle.short_lived.out")
+    result = {"minutes": minutes, "period_ms": LIFECYCLE_PERIOD_MS,
+              "burn_ms": LIFECYCLE_BURN_MS, "copies": LIFECYCLE_COPIES,
+              "sh_every": LIFECYCLE_SH_EVERY, "window_s": LIFECYCLE_WINDOW_S}
+    spawner = None
+    try:
+        result["quiet_wait_s"] = wait_quiet()
+        prof.start()
+        pid = prof.proc.pid
+        with open(spawn_out, "w") as out:
+            spawner = subprocess.Popen(
+                [workload("short_lived"), "spawn", str(seconds), str(LIFECYCLE_PERIOD_MS),
+                 str(LIFECYCLE_BURN_MS), str(LIFECYCLE_SH_EVERY)] + bins,
+                stdout=out, stdin=subprocess.DEVNULL, start_new_session=True)
+        t0 = time.monotonic()
+        meter = CpuMeter(pid)
+        result["loadavg_start"] = loadavg()
+        samples = []
+        n = 0
+        while spawner.poll() is None and time.monotonic() - t0 < seconds + 60:
+            samples.append(lifecycle_sample(pid, port, time.monotonic() - t0))
+            n += 1
+            time.sleep(max(0.0, t0 + n * LIFECYCLE_SAMPLE_S - time.monotonic()))
+        if spawner.poll() is None:
+            spawner.send_signal(signal.SIGTERM)
+        spawner.wait(timeout=60)
+        samples.append(lifecycle_sample(pid, port, time.monotonic() - t0))
+        # the spawner reaped its children, so their CPU counts as the workload's
+        result["cpu"] = meter.read()
+        result["loadavg_end"] = loadavg()
+        prof.take_snapshot()
+        result["agent"] = prof.stop()
+    except (BenchError, OSError, subprocess.SubprocessError) as e:
+        prof.kill()
+        if spawner and spawner.poll() is None:
+            os.killpg(spawner.pid, signal.SIGKILL)
+            spawner.wait()
+        result["error"] = str(e) or type(e).__name__
+        log(f"  ERROR: {e}")
+        return result
+    with open(spawn_out) as f:
+        lines = f.read().splitlines()
+    children = [l.split() for l in lines if re.fullmatch(r"\d+ \d+ (sh|exec)", l)]
+    tail = dict(re.findall(r"(\w+)=([\d.]+)", lines[-1] if lines else ""))
+    result["workload"] = {k: float(v) for k, v in tail.items()}
+    result["samples"] = samples
+    result.update(lifecycle_summary(samples, seconds))
+    log("  checking the workload's profiles for " + LIFECYCLE_BURN_FUNCTION)
+    result["named"] = lifecycle_named(prof.output_dir, children)
+    shutil.rmtree(prof.output_dir, ignore_errors=True)
+    shutil.rmtree(bindir, ignore_errors=True)
+    s = result
+
+    def sec(v):
+        return "n/a" if v is None else f"{v:.3f} s"
+
+    log(f"  {s['workload'].get('started', 0):.0f} processes; RSS max {mib(s['rss_max_kib'])} "
+        f"MiB, end {mib(s['rss_end_kib'])} MiB; fds {s['fd_start']} -> {s['fd_end']} "
+        f"(max {s['fd_max']}); symbolize CPU per window median {sec(s['symbolize_median_s'])}, "
+        f"max {sec(s['symbolize_max_s'])}; agent CPU {pct(s['cpu_fraction'], False)}; "
+        f"{LIFECYCLE_BURN_FUNCTION} {s['named'].get('burn_flat_pct', 0):.1f}% of the "
+        "workload's samples")
+    return result
+
+
+def median_or_none(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def lifecycle_summary(samples, seconds):
+    """Figures from the 5 s samples: RSS, fds (baseline: the first sample after a minute, or
+    after half the run if shorter), per-window symbolize CPU, agent CPU over the run."""
+    # the gauges and counters below are set when a window closes
+    ok = [s for s in samples if s.get("windows")]
+    last = samples[-1]
+    base_t = min(60.0, seconds / 2)
+    base = next(s for s in samples if s["t"] >= base_t or s is last)
+    after = [s for s in samples if s["t"] >= base["t"]]
+    slope = None
+    if len(after) >= 3:
+        slope = statistics.linear_regression([s["t"] / 60 for s in after],
+                                             [s["fds"] for s in after]).slope
+    windows = lifecycle_windows(samples)
+    # fds the pinned files do not explain (the gauge is as of the last window)
+    unpinned = [s["fds"] - s["pinned_files"] for s in after
+                if s.get("windows") and s.get("pinned_files") is not None]
+    sym = [w["symbolize_s"] for w in windows if w["symbolize_s"] is not None]
+    end = ok[-1] if ok else {}
+    return {
+        "rss_start_kib": samples[0]["rss_kib"],
+        "rss_max_kib": max(s["rss_kib"] for s in samples), "rss_end_kib": last["rss_kib"],
+        "fd_start": base["fds"], "fd_start_t": base["t"], "fd_end": last["fds"],
+        "fd_max": max(s["fds"] for s in samples), "fd_slope_per_min": slope,
+        "fd_unpinned_start": unpinned[0] if unpinned else None,
+        "fd_unpinned_end": unpinned[-1] if unpinned else None,
+        "windows": windows,
+        "symbolize_median_s": median_or_none(sym),
+        "symbolize_max_s": max(sym) if sym else None,
+        "symbolize_first_s": sym[0] if sym else None,
+        "drain_median_s": median_or_none(w["drain_s"] for w in windows),
+        "export_median_s": median_or_none(w["export_s"] for w in windows),
+        "pinned_files_end": end.get("pinned_files"),
+        "pinned_files_max": max((s["pinned_files"] or 0 for s in ok), default=None),
+        "processes_tracked_end": end.get("processes_tracked"),
+        "processes_tracked_max": max((s["processes_tracked"] or 0 for s in ok), default=None),
+        "snapshots_total": end.get("snapshots"),
+        "frames_by_source_end": end.get("frames", {}),
+        "scrape_errors": sum("scrape_error" in s for s in samples),
+        "cpu_fraction": (last["cpu_s"] - samples[0]["cpu_s"]) / (last["t"] - samples[0]["t"])
+        if last["t"] > samples[0]["t"] else None,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
 # Report
 
 
@@ -754,7 +1040,7 @@ def pooled_prog(summary, tool, want):
     return t / c if c else None
 
 
-def budgets(summary, footprint):
+def budgets(summary, footprint, life=None):
     lines = []
 
     def verdict(ok):
@@ -818,6 +1104,26 @@ def budgets(summary, footprint):
                                            f"peak {mib(max(peaks))} MiB)"),
         "limit": f"<= {BUDGET_RSS_MIB} MiB", "peer": peers or "n/a",
         "verdict": verdict(None if not worst else worst[1] / 1024 <= BUDGET_RSS_MIB)})
+    if life and "rss_max_kib" in life:
+        label = f"lifecycle, {life['minutes']:g} min of 1000 short-lived processes a minute"
+        peak = life.get("agent", {}).get("maxrss_kib")
+        lines.append({
+            "budget": f"Agent RSS, max of the 5 s samples ({label})",
+            "figure": f"{mib(life['rss_max_kib'])} MiB (peak VmHWM {mib(peak)} MiB)",
+            "limit": f"<= {BUDGET_RSS_MIB} MiB", "peer": "n/a",
+            "verdict": verdict(life["rss_max_kib"] / 1024 <= BUDGET_RSS_MIB)})
+        lines.append({
+            "budget": f"Agent RSS at the end ({label})",
+            "figure": f"{mib(life['rss_end_kib'])} MiB",
+            "limit": f"<= {BUDGET_RSS_MIB} MiB", "peer": "n/a",
+            "verdict": verdict(life["rss_end_kib"] / 1024 <= BUDGET_RSS_MIB)})
+        slope = life["fd_slope_per_min"]
+        lines.append({
+            "budget": f"Agent file descriptors, end vs t={life['fd_start_t']:g} s ({label})",
+            "figure": f"{life['fd_start']} -> {life['fd_end']} (max {life['fd_max']}"
+                      + ("" if slope is None else f", trend {slope:+.1f}/min") + ")",
+            "limit": f"end <= start + {LIFECYCLE_FD_SLACK}", "peer": "n/a",
+            "verdict": verdict(life["fd_end"] <= life["fd_start"] + LIFECYCLE_FD_SLACK)})
     return lines
 
 
@@ -830,6 +1136,8 @@ def table(header, rows):
 def markdown(report):
     m = report["machine"]
     s = SETTINGS
+    scen = interleaved_scenarios()
+    life = report.get("lifecycle")
     parts = [
         f"### parascope benchmarks, {report['date']}",
         "",
@@ -840,8 +1148,22 @@ def markdown(report):
         f"{s['seconds']:g} s; scenario 3 starts {s['churn_procs']} processes; "
         f"the harness took {report['elapsed_s'] / 60:.1f} min, of which "
         f"{report['quiet_waited_s']:.0f} s waiting for other work on the machine to pause "
-        f"(at most {s['quiet_wait_s']:g} s before a run).",
+        f"(at most {s['quiet_wait_s']:g} s before a run)"
+        + (f"; the lifecycle scenario ran {life['minutes']:g} min." if life else "."),
         "",
+    ]
+    if scen:
+        parts += scenario_tables(report, scen)
+    parts += footprint_table(report, scen)
+    if life:
+        parts += lifecycle_markdown(life)
+    parts += unwind_table(report)
+    parts += budget_tables(report)
+    return "\n".join(parts)
+
+
+def scenario_tables(report, scen):
+    parts = [
         "**Scenarios** (median of the runs and min-max; slowdown: + is slower, each run "
         "against the no-profiler run of the same round, median over rounds; tool CPU: the "
         "profiler's own CPU after start-up, % of one core; other: the most CPU, in cores, "
@@ -851,7 +1173,7 @@ def markdown(report):
         "",
     ]
     rows = []
-    for key in s["scenarios"]:
+    for key in scen:
         sc = SCENARIOS[key]
         for tool, r in report["summary"][key].items():
             if not r.get("n"):
@@ -874,20 +1196,23 @@ def markdown(report):
               "run_time_ns / run_cnt, pooled over the runs of each scenario; events include "
               "the rest of the machine):", ""]
     rows = []
-    for key in s["scenarios"]:
+    for key in scen:
         for tool, r in report["summary"][key].items():
             for name, p in sorted(r.get("progs", {}).items()):
                 rows.append([SCENARIOS[key].name, tool, f"`{name}`", p["type"],
                              f"{p['run_cnt']:,}", ns(p["mean_ns"])])
     parts += [table(["scenario", "tool", "program", "type", "events", "mean"], rows), ""]
+    return parts
 
-    parts += ["**Agent footprint** (parascope at defaults: 19 Hz, 15 s windows, all four "
-              "profiles, files; CPU = utime+stime after start-up / wall time, including the "
-              "first window's one-time costs and the final flush; steady = utime+stime over the "
-              "two windows after the first; per window = all CPU / windows; RSS = VmRSS at the "
-              "end, peak = VmHWM):", ""]
+
+def footprint_table(report, scen):
+    parts = ["**Agent footprint** (parascope at defaults: 19 Hz, 15 s windows, all four "
+             "profiles, files; CPU = utime+stime after start-up / wall time, including the "
+             "first window's one-time costs and the final flush; steady = utime+stime over the "
+             "two windows after the first; per window = all CPU / windows; RSS = VmRSS at the "
+             "end, peak = VmHWM):", ""]
     rows = []
-    for key in s["scenarios"]:
+    for key in scen:
         r = report["summary"][key].get("parascope", {})
         if r.get("n"):
             rows.append([SCENARIOS[key].name + " (median run)",
@@ -917,24 +1242,120 @@ def markdown(report):
         c = fp["churn"]
         rows.append(fp_row(f"{c['minutes']:g} min of process churn "
                            f"({c.get('processes_started')} processes): parascope", c))
+    if not rows:
+        return []
     parts += [table(["measurement", "CPU (% of a core)", "CPU per window", "RSS MiB",
                      "peak RSS MiB"], rows), ""]
+    return parts
 
+
+def lifecycle_markdown(life):
+    parts = [f"**Process lifecycle** (parascope at defaults, 15 s windows, files, /metrics on a "
+             f"free port, for {life['minutes']:g} min while `short_lived` starts a process "
+             f"every {life['period_ms']} ms, each burning {life['burn_ms']} ms of CPU in "
+             f"`{LIFECYCLE_BURN_FUNCTION}` and exiting: {life['copies']} copies of the binary "
+             f"at different paths in turn, every {life['sh_every']}th through "
+             f"`sh -c 'exec BIN ...'`; the agent sampled every {LIFECYCLE_SAMPLE_S} s: VmRSS, "
+             "open fds, utime+stime, /metrics):", ""]
+    if "error" in life:
+        return parts + [f"failed: {life['error']}", ""]
+    w = life["workload"]
+    named = life.get("named", {})
+    win = life["window_s"]
+
+    def secs(v):
+        return "n/a" if v is None else f"{v:.3f} s ({100 * v / win:.1f}% of the window)"
+
+    frames = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(life["frames_by_source_end"].items()))
+    slope = life["fd_slope_per_min"]
+    rows = [
+        ["processes started", f"{w.get('started', 0):,.0f} in {w.get('seconds', 0):.0f} s "
+         f"({w.get('via_sh', 0):,.0f} via sh -c; {w.get('late', 0):.0f} more than a period "
+         "late)"],
+        ["agent RSS (VmRSS)", f"max {mib(life['rss_max_kib'])} MiB, end "
+         f"{mib(life['rss_end_kib'])} MiB, peak VmHWM "
+         f"{mib(life.get('agent', {}).get('maxrss_kib'))} MiB; "
+         f"{mib(life['rss_start_kib'])} MiB when the workload started"],
+        ["agent open fds", f"{life['fd_start']} at t={life['fd_start_t']:g} s, "
+         f"{life['fd_end']} at the end, max {life['fd_max']}"
+         + ("" if slope is None else f", trend {slope:+.2f}/min after t={life['fd_start_t']:g} s")
+         + ("" if life.get("fd_unpinned_start") is None else
+            f"; less the pinned files: {life['fd_unpinned_start']:.0f} -> "
+            f"{life['fd_unpinned_end']:.0f}")],
+        ["agent CPU over the run (utime+stime)", pct(life["cpu_fraction"], False) + " of a core"],
+        ["rest of the machine (other users, kernel work charged to no task)",
+         f"{life['cpu']['other_cores']:.2f} cores busy on average beyond the workload's "
+         f"{life['cpu']['workload_cores']:.2f} and the agent's; load average "
+         f"{life['loadavg_start']} at the start, {life['loadavg_end']} at the end"],
+        [f"symbolize CPU per window (symbolization and profile building; "
+         f"{len(life['windows'])} windows)",
+         f"median {secs(life['symbolize_median_s'])}, max {secs(life['symbolize_max_s'])}, "
+         f"first {secs(life['symbolize_first_s'])}"],
+        ["drain, export CPU per window (median)",
+         f"{secs(life['drain_median_s'])}, {secs(life['export_median_s'])}"],
+        ["pinned files", f"{life['pinned_files_end']:.0f} at the end, max "
+         f"{life['pinned_files_max']:.0f}" if life["pinned_files_end"] is not None else "n/a"],
+        ["processes tracked", f"{life['processes_tracked_end']:.0f} at the end, max "
+         f"{life['processes_tracked_max']:.0f}" if life["processes_tracked_end"] is not None
+         else "n/a"],
+        ["process snapshots (mappings read while the process ran)",
+         "n/a" if life["snapshots_total"] is None else f"{life['snapshots_total']:,.0f}"],
+        ["frames symbolized by source (in all)", frames or "n/a"],
+    ]
+    if life["scrape_errors"]:
+        rows.append(["/metrics scrapes that failed", f"{life['scrape_errors']} of "
+                     f"{len(life['samples'])}"])
+    if "burn_flat_pct" in named:
+        expected = named["processes"] * life["burn_ms"] / 1000 * 19
+        rows.append([f"`{LIFECYCLE_BURN_FUNCTION}` in the workload's process_cpu profiles",
+                     f"{named['burn_flat_pct']:.1f}% of {named['samples']:,} samples as leaf, "
+                     f"{named['burn_cum_pct']:.1f}% on the stack ({named['profiles_merged']:,} "
+                     f"profiles merged); {named['processes_with_cpu_profile']:,} of "
+                     f"{named['processes']:,} processes have a profile (~{expected:,.0f} samples "
+                     f"expected at 19 Hz)"])
+        for kind, label in (("exec", "started directly"), ("sh", "started through sh -c")):
+            k = named.get("by_start", {}).get(kind)
+            if k and "samples" in k:
+                rows.append([f"... processes {label}",
+                             f"{k['burn_flat_pct']:.1f}% of {k['samples']:,} samples as leaf, "
+                             f"{k['burn_cum_pct']:.1f}% on the stack ({k['processes']:,} "
+                             "processes)"])
+        unnamed = [t for t in named["top"] if t["function"] != LIFECYCLE_BURN_FUNCTION][:3]
+        if unnamed:
+            rows.append(["... other leaves (all processes)",
+                         ", ".join(f"`{t['function']}` {t['flat_pct']:.1f}%" for t in unnamed)])
+    elif named:
+        rows.append([f"`{LIFECYCLE_BURN_FUNCTION}` in the workload's process_cpu profiles",
+                     named.get("error") or named.get("skipped")
+                     or f"no profiles ({named.get('processes')} processes)"])
+    per_window = ", ".join(f"{x['symbolize_s']:.2f}" for x in life["windows"]
+                           if x["symbolize_s"] is not None)
+    parts += [table(["figure", "value"], rows), "",
+              "Symbolize CPU per window, s (`parascope_window_cpu_seconds{phase=\"symbolize\"}`, "
+              f"in order): {per_window or 'n/a'}.", ""]
+    return parts
+
+
+def unwind_table(report):
+    parts = []
     if report.get("unwind_tables"):
         parts += ["**Unwind tables** (`build/bin/unwind_table_bench`: building a file's table "
                   "from its `.eh_frame`, median of 5; 16 bytes a row in BPF array memory):", ""]
         parts += [table(["file", "build ms", "rows", "bytes", "FDEs"],
                         [[u["file"], u["ms"], f"{int(u['rows']):,}", f"{int(u['bytes']):,}",
                           u["fdes"]] for u in report["unwind_tables"]]), ""]
+    return parts
 
-    parts += ["**Budgets**:", ""]
+
+def budget_tables(report):
+    parts = ["**Budgets**:", ""]
     parts += [table(["budget", "figure", "budget", "peer", "verdict"],
                     [[b["budget"], b["figure"], b["limit"], b["peer"], b["verdict"]]
                      for b in report["budgets"]]), ""]
     if report["errors"]:
         parts += ["**Measurements that failed**:", ""]
         parts += [f"- {e}" for e in report["errors"]] + [""]
-    return "\n".join(parts)
+    return parts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -972,11 +1393,18 @@ def preflight(tools):
         if not shutil.which(need[tool]) and not os.access(need[tool], os.X_OK):
             sys.exit(f"bench: {need[tool]} not found; run scripts/bench-setup (and make build)")
     for key in SETTINGS["scenarios"]:
-        if key not in SCENARIOS:
+        if key not in SCENARIOS and key != LIFECYCLE:
             sys.exit(f"bench: unknown scenario {key!r} in BENCH_SCENARIOS "
-                     f"(known: {', '.join(SCENARIOS)})")
+                     f"(known: {', '.join(list(SCENARIOS) + [LIFECYCLE])})")
+    if run_lifecycle() and not os.access(PARASCOPE, os.X_OK):
+        sys.exit(f"bench: {PARASCOPE} not found; run make build")
     if not shutil.which("bpftool"):
         sys.exit("bench: bpftool not found; run scripts/bench-setup")
+
+
+def run_lifecycle():
+    """The lifecycle scenario runs parascope alone, whatever BENCH_TOOLS says."""
+    return LIFECYCLE in SETTINGS["scenarios"] and SETTINGS["lifecycle_minutes"] > 0
 
 
 def main():
@@ -1005,13 +1433,15 @@ def main():
                     "live-procs", SETTINGS["live_procs"], 1000, ["parascope"])
         if SETTINGS["memory_minutes"] > 0 and "parascope" in tools:
             footprint["churn"] = footprint_churn()
+        life = lifecycle() if run_lifecycle() else None
     finally:
         with open(stats_path, "w") as f:
             f.write(stats_before)
     shutil.rmtree(TMP, ignore_errors=True)
 
     event = next((r["profiler"].get("event") for r in runs
-                  if r["tool"] == "parascope" and "profiler" in r), "?")
+                  if r["tool"] == "parascope" and "profiler" in r),
+                 (life or {}).get("agent", {}).get("event", "?"))
     report["machine"].update(event=event, loadavg_end=loadavg())
     report["errors"] = [f"{r['scenario']} / {r['tool']} run {r['round'] + 1}: {r['error']}"
                         for r in runs if "error" in r]
@@ -1019,9 +1449,13 @@ def main():
         for tool, r in (f.get("tools") or {"parascope": f}).items():
             if "error" in r:
                 report["errors"].append(f"footprint {key} / {tool}: {r['error']}")
+    if life and "error" in life:
+        report["errors"].append(f"lifecycle: {life['error']}")
+    if life and "error" in life.get("named", {}):
+        report["errors"].append(f"lifecycle, named-function check: {life['named']['error']}")
     report["unwind_tables"] = unwind_tables()
-    report.update(runs=runs, summary=summary, footprint=footprint,
-                  budgets=budgets(summary, footprint),
+    report.update(runs=runs, summary=summary, footprint=footprint, lifecycle=life,
+                  budgets=budgets(summary, footprint, life),
                   elapsed_s=time.monotonic() - t_start, quiet_waited_s=QUIET_SPENT[0])
     md = markdown(report)
     with open(os.path.join(OUT, "results.json"), "w") as f:
