@@ -1,5 +1,6 @@
 # parascope: `sudo make run` profiles this host for 30 s; `sudo make test` runs every test.
 # Both install the Debian packages they need first (scripts/setup, idempotent).
+# `make fuzz` runs the libFuzzer targets for FUZZ_SECONDS each (test/fuzz/README.md).
 # `sudo make bench` measures overhead and footprint against perf, offcputime and bpftrace
 # (bench/README.md; peers installed by scripts/bench-setup).
 BUILD ?= build
@@ -8,7 +9,10 @@ RUN_FLAGS ?= --duration=30s --output-dir=./profiles --print-summary
 PPROF := $(BUILD)/tools/pprof
 PYTHON ?= /usr/bin/python3
 
-.PHONY: all setup build run test unit bench clean
+FUZZ_SECONDS ?= 300
+FUZZ_TARGETS ?= proc perf_map elf cfi
+
+.PHONY: all setup build run test unit fuzz bench clean
 
 all: build
 
@@ -36,9 +40,17 @@ test: build
 unit: build
 	cd $(BUILD) && ctest --output-on-failure -R '^unit:' 
 
+# Long fuzzing runs, one target after another (test/fuzz/README.md). Builds only the fuzzers; each
+# target's corpus keeps growing in $(BUILD)/fuzz/run/long/<target> across runs, crash inputs are
+# saved there too. `make test` runs 15 s of each (ctest "fuzz:<target>").
+fuzz: setup
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	cmake --build $(BUILD) -j $(JOBS) --target fuzzers
+	bash test/fuzz/run.sh --fuzz-dir $(BUILD)/fuzz --seconds $(FUZZ_SECONDS) --mode long $(FUZZ_TARGETS)
+
 # Benchmarks print figures and assert nothing; settings via BENCH_* variables (bench/README.md).
 # Builds only the agent: the benchmarks need nothing else.
-bench: setup
+bench: setup $(PPROF)
 	@bash scripts/bench-setup
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	cmake --build $(BUILD) -j $(JOBS) --target parascope unwind_table_bench
