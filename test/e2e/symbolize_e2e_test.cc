@@ -225,6 +225,57 @@ TEST_CASE("debug info: separate debug files by debuglink and build id, MiniDebug
   }
 }
 
+// A process in a chroot and one in its own mount namespace whose binary exists only there: both
+// named, their Mappings under the paths the processes see.
+TEST_CASE("files as the process sees them: chroot and a private mount namespace",
+          "[root][symbolize]") {
+  if (!RequireRoot()) return;
+  TempDir jail, ns_dir;
+  // The jail: the binary and the libraries ldd lists, at the same paths inside.
+  fs::create_directories(jail.path() + "/bin");
+  fs::copy_file(Workload("debuginfo_1"), jail.path() + "/bin/jailed");
+  std::string libs = Output("ldd " + Workload("debuginfo_1") + " | grep -o '/[^ ]*'");
+  for (absl::string_view lib : absl::StrSplit(libs, '\n', absl::SkipEmpty())) {
+    fs::path dst = jail.path() + std::string(lib);
+    fs::create_directories(dst.parent_path());
+    fs::copy_file(std::string(lib), dst, fs::copy_options::overwrite_existing);
+  }
+  // The namespace: a tmpfs mounted over an (empty, on the host) directory, the binary copied in
+  // there, so its path names nothing on the host.
+  const std::string ns_bin = ns_dir.path() + "/nsonly";
+  TempDir out;
+  MultiRun r;
+  RunAll(&r,
+         {{"/usr/sbin/chroot", jail.path(), "/bin/jailed", "3"},
+          {"/usr/bin/unshare", "-m", "--propagation", "private", "/bin/sh", "-c",
+           absl::StrCat("mount -t tmpfs none ", ns_dir.path(), " && cp ", Workload("debuginfo_2"),
+                        " ", ns_bin, " && exec ", ns_bin, " 3")}},
+         {}, out.path());
+  CHECK_FALSE(fs::exists(ns_bin));  // not on the host
+  const std::string want[] = {"/bin/jailed", ns_bin};
+  const char* names[] = {"chroot", "mount namespace"};
+  for (size_t i = 0; i < r.pids.size(); ++i) {
+    Count named;
+    std::set<std::string> files;
+    for (const std::string& f : ProfileFiles(out.path(), r.pids[i], "process_cpu-")) {
+      RawProfile p = ReadWithPprof(f);
+      for (const auto& s : p.samples) {
+        named.total += s.values[0];
+        if (SampleHas(p, s, "debuginfo_burn")) named.matching += s.values[0];
+      }
+      for (const auto& [id, loc] : p.locations) {
+        if (loc.function == "debuginfo_burn") files.insert(p.mapping_files[loc.mapping_id]);
+      }
+    }
+    FIGURES(names[i] << ": " << named.matching << " of " << named.total
+                     << " samples name debuginfo_burn (" << named.share() << "), Mapping "
+                     << absl::StrJoin(files, ","));
+    CHECK(named.total >= 300);
+    CHECK(named.share() >= 0.95);
+    CHECK(files == std::set<std::string>{want[i]});
+  }
+}
+
 TEST_CASE("JIT: Node's perf map names its hot JavaScript function", "[root][symbolize]") {
   if (!RequireRoot()) return;
   std::string node = Output("command -v node || command -v nodejs");
