@@ -74,6 +74,37 @@ void DieNames(Dwarf_Die* die, std::string* name, std::string* system_name) {
   const char* plain = dwarf_diename(die);
   *system_name = linkage != nullptr ? linkage : (plain != nullptr ? plain : "");
   *name = linkage != nullptr ? Demangle(linkage) : (plain != nullptr ? plain : "");
+  if (linkage != nullptr || plain == nullptr) return;
+  // No linkage name (GCC omits it on many inlined template instances): qualify the plain name
+  // with the namespaces and classes around its declaration, e.g. "std::__move_median_to_first".
+  Dwarf_Die decl = *die, next;
+  for (int hops = 0; hops < 4; ++hops) {  // concrete -> abstract origin -> specification
+    Dwarf_Attribute a;
+    if (dwarf_attr(&decl, DW_AT_abstract_origin, &a) != nullptr ||
+        dwarf_attr(&decl, DW_AT_specification, &a) != nullptr) {
+      if (dwarf_formref_die(&a, &next) == nullptr) break;
+      decl = next;
+    } else {
+      break;
+    }
+  }
+  Dwarf_Die* scopes = nullptr;
+  int n = dwarf_getscopes_die(&decl, &scopes);
+  std::string prefix;
+  for (int i = 1; i < n; ++i) {
+    int tag = dwarf_tag(&scopes[i]);
+    if (tag != DW_TAG_namespace && tag != DW_TAG_class_type && tag != DW_TAG_structure_type &&
+        tag != DW_TAG_union_type) {
+      continue;
+    }
+    const char* s = dwarf_diename(&scopes[i]);
+    prefix = absl::StrCat(s != nullptr ? s : "(anonymous namespace)", "::", prefix);
+  }
+  free(scopes);
+  if (!prefix.empty()) {
+    *name = prefix + *name;
+    *system_name = *name;
+  }
 }
 
 }  // namespace

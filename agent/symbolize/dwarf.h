@@ -67,6 +67,11 @@ class DwarfFile {
   // innermost first, with source lines when DWARF has them; empty when no symbol covers it.
   // Results are cached (bounded: the cache is dropped when it exceeds 1 MiB).
   const std::vector<SourceFrame>& Symbolize(uint64_t vaddr);
+  // The cached result for vaddr, or null when it was not symbolized yet (no DWARF work).
+  const std::vector<SourceFrame>* Cached(uint64_t vaddr) const {
+    auto it = memo_.find(vaddr);
+    return it == memo_.end() ? nullptr : &it->second;
+  }
   // True when the binary or a separate debug file has DWARF (looked up on the first call; the
   // separate debug file search runs then). Without it, Symbolize still names addresses from a
   // debug file's or MiniDebugInfo's symbol table.

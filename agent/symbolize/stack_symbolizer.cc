@@ -1,5 +1,6 @@
 #include "agent/symbolize/stack_symbolizer.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <limits>
@@ -15,7 +16,18 @@ StackSymbolizer::StackSymbolizer(proc::ProcessTable* processes, symbolize::ElfCa
                                  const symbolize::Kallsyms* kallsyms)
     : processes_(processes), elf_cache_(elf_cache), kallsyms_(kallsyms), perf_maps_(processes) {}
 
-void StackSymbolizer::SetDwarf(symbolize::DwarfCache* dwarf) { dwarf_ = dwarf; }
+void StackSymbolizer::SetDwarf(symbolize::DwarfCache* dwarf, int64_t budget_ns) {
+  dwarf_ = dwarf;
+  dwarf_budget_ns_ = budget_ns;
+}
+
+namespace {
+int64_t ThreadCpuNow() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+}  // namespace
 
 void StackSymbolizer::AddKernelFrames(PprofBuilder& builder, absl::Span<const uint64_t> ips,
                                       std::vector<uint64_t>* out) {
@@ -172,14 +184,32 @@ void StackSymbolizer::AddUserFrames(PprofBuilder& builder, const proc::ProcessKe
     }
     // DWARF lines and inlined frames, or symbols of a separate debug file / MiniDebugInfo.
     if (vaddr && dwarf_ != nullptr) {
+      const bool in_budget = dwarf_spent_ns_ < dwarf_budget_ns_;
+      const int64_t t0 = in_budget ? ThreadCpuNow() : 0;
       std::shared_ptr<symbolize::DwarfFile> dw = DwarfFor(process, m, *elf);
-      if (dw != nullptr && (sym == nullptr || dw->HasDwarf())) {
-        const std::vector<symbolize::SourceFrame>& frames = dw->Symbolize(*vaddr);
+      const std::vector<symbolize::SourceFrame>* cached = nullptr;
+      if (dw != nullptr && !in_budget) {
+        cached = dw->Cached(*vaddr);
+        if (cached == nullptr) ++stats_.dwarf_deferred;
+      }
+      if (dw != nullptr && (in_budget || cached != nullptr) &&
+          (sym == nullptr || dw->HasDwarf())) {
+        const std::vector<symbolize::SourceFrame>& frames =
+            cached != nullptr ? *cached : dw->Symbolize(*vaddr);
+        if (in_budget) dwarf_spent_ns_ += ThreadCpuNow() - t0;
         if (!frames.empty()) {
           std::vector<LineRef> lines;
           lines.reserve(frames.size());
-          for (const symbolize::SourceFrame& f : frames) {
-            lines.push_back({builder.AddFunction({f.name, f.system_name, f.file}), f.line});
+          for (size_t k = 0; k < frames.size(); ++k) {
+            const symbolize::SourceFrame& f = frames[k];
+            // The function the others are inlined into is named as its ELF symbol when there is
+            // one (the name without DWARF, e.g. __libc_start_main for glibc's
+            // __libc_start_main_impl, and a lambda's full demangled name, not "operator()").
+            if (k + 1 == frames.size() && sym != nullptr) {
+              lines.push_back({builder.AddFunction({sym->name, sym->system_name, f.file}), f.line});
+            } else {
+              lines.push_back({builder.AddFunction({f.name, f.system_name, f.file}), f.line});
+            }
           }
           if (dw->HasDwarf()) ++stats_.dwarf;
           if (sym == nullptr) ++stats_.debug_file_symbol;
@@ -221,6 +251,7 @@ std::shared_ptr<symbolize::DwarfFile> StackSymbolizer::DwarfFor(const proc::Proc
 }
 
 void StackSymbolizer::EndWindow() {
+  dwarf_spent_ns_ = 0;
   window_elfs_.clear();
   perf_maps_.EndWindow();
   if (dwarf_ != nullptr) dwarf_->EndWindow();

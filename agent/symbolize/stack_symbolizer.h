@@ -33,6 +33,8 @@ struct SymbolizerStats {
   uint64_t jit = 0;              // user ip named from the process's perf map (JIT code)
   uint64_t dwarf = 0;            // user ip with DWARF source lines (and inlined frames)
   uint64_t debug_file_symbol = 0;// user ip named only by a debug file or MiniDebugInfo
+  uint64_t dwarf_deferred = 0;   // user ip named from the ELF symbol table only: the window's
+                                 // DWARF budget was spent (DWARF is tried again next window)
 };
 
 // Not thread-safe. Borrows the process table, ELF cache and kallsyms (may be null: kernel frames
@@ -61,7 +63,10 @@ class StackSymbolizer {
   const SymbolizerStats& stats() const { return stats_; }
 
   // Source lines, inlined frames and separate debug files (borrowed; null: ELF symbols only).
-  void SetDwarf(symbolize::DwarfCache* dwarf);
+  // New addresses cost a walk of their compile unit's DIEs (tens of us to ms in big C++ units),
+  // so each window spends at most budget_ns of CPU on new DWARF lookups; past it, new addresses
+  // are named from the ELF symbol table for that window and cached ones still get their lines.
+  void SetDwarf(symbolize::DwarfCache* dwarf, int64_t budget_ns = 250000000);
   // --symbolize=server: user frames of ELF files are left for the server (Pyroscope's
   // symbolizer, debuginfod): their Locations carry the ELF virtual address of the looked-up pc
   // (the pc for the leaf, the return address - 1 for callers, so `addr2line -e FILE ADDR` names
@@ -87,6 +92,8 @@ class StackSymbolizer {
   SymbolizerStats stats_;
   symbolize::PerfMaps perf_maps_;
   symbolize::DwarfCache* dwarf_ = nullptr;
+  int64_t dwarf_budget_ns_ = 0;
+  int64_t dwarf_spent_ns_ = 0;  // this window
   bool server_side_ = false;
   RateLimitedLog elf_errors_log_;
   // Frame kinds for PprofBuilder's location memo: leaf frames are symbolized at ip, callers at

@@ -179,7 +179,11 @@ std::vector<std::string> RawProfile::Frames(const Sample& s) const {
   std::vector<std::string> out;
   for (uint64_t id : s.location_ids) {
     auto it = locations.find(id);
-    out.push_back(it == locations.end() ? "" : it->second.function);
+    if (it == locations.end() || it->second.lines.size() <= 1) {
+      out.push_back(it == locations.end() ? "" : it->second.function);
+      continue;
+    }
+    for (const Line& l : it->second.lines) out.push_back(l.function);  // inlined ones first
   }
   return out;
 }

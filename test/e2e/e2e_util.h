@@ -88,7 +88,8 @@ struct RawProfile {
 
   int ValueIndex(const std::string& type) const;
   int64_t Total(int value_index) const;
-  // Function names of a sample's frames, leaf first ("" for unsymbolized frames).
+  // Function names of a sample's frames, leaf first ("" for unsymbolized frames); a Location with
+  // inlined functions gives one frame per Line, as pprof shows them.
   std::vector<std::string> Frames(const Sample& s) const;
   bool IsKernelFrame(uint64_t location_id) const;
 };

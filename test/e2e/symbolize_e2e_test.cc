@@ -334,7 +334,7 @@ TEST_CASE("JIT: Node's perf map names its hot JavaScript function", "[root][symb
 
 // Two agents at once on one workload: agent-side names against addr2line of the server-side
 // profile's addresses. Both see the same CPU; their per-function shares must agree.
-TEST_CASE("--symbolize=server: ELF addresses that addr2line resolves like the agent does",
+TEST_CASE("server-side symbolization: ELF addresses that addr2line resolves like the agent does",
           "[root][symbolize]") {
   if (!RequireRoot()) return;
   const std::string bin = Workload("unwind_ratio");

@@ -204,6 +204,16 @@ std::vector<Frame> FramesOf(const RawProfile& p, const RawProfile::Sample& s) {
       f.synthetic = it->second.mapping_id == 0 && absl::StartsWith(f.function, "[");
     }
     f.kernel = p.IsKernelFrame(id);
+    // A Location with inlined functions is one frame per Line (innermost first), as pprof
+    // shows it.
+    if (it != p.locations.end() && it->second.lines.size() > 1) {
+      for (const auto& line : it->second.lines) {
+        Frame g = f;
+        g.function = line.function;
+        out.push_back(g);
+      }
+      continue;
+    }
     out.push_back(f);
   }
   return out;
