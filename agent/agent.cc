@@ -280,6 +280,12 @@ class AgentMetrics {
     snapshots_ = &registry->GetCounter(
         "parascope_process_snapshots_total",
         "Process images whose mappings were read while they ran (first sample, exec).");
+    symbol_cache_bytes_ = &registry->GetGauge(
+        "parascope_symbol_cache_bytes",
+        "Bytes held by the cross-window cache of symbolized user addresses (by build id).");
+    symbol_cache_evictions_ = &registry->GetCounter(
+        "parascope_symbol_cache_evictions_total",
+        "Symbolized addresses dropped from that cache to respect its byte bound.");
     frames_by_source_ = &registry->GetCounterFamily(
         "parascope_frames_symbolized_total",
         "User frames named from a source other than the ELF symbol table: dwarf (source lines "
@@ -294,8 +300,11 @@ class AgentMetrics {
     window_cpu_[1] = build_ns / 1e9;
     window_cpu_[2] = export_ns / 1e9;
   }
-  void UpdateProcesses(const proc::ProcessTable& t, const SymbolizerStats& ss) {
+  void UpdateProcesses(const proc::ProcessTable& t, const SymbolizerStats& ss,
+                       const symbolize::SymbolCache& symbols) {
     pinned_files_->Set(static_cast<double>(t.pinned_files()));
+    symbol_cache_bytes_->Set(static_cast<double>(symbols.bytes()));
+    Advance(symbol_cache_evictions_, symbols.evictions(), &last_symbol_evictions_);
     Advance(snapshots_, t.snapshots(), &last_snapshots_);
     Advance(&frames_by_source_->With({"dwarf"}), ss.dwarf, &last_dwarf_);
     Advance(&frames_by_source_->With({"debug_symtab"}), ss.debug_file_symbol, &last_debug_sym_);
@@ -341,10 +350,12 @@ class AgentMetrics {
   server::Counter *samples_, *parallelism_unknown_, *offcpu_ns_, *profiles_written_,
       *export_errors_, *windows_;
   server::CounterFamily *stacks_lost_, *symbolization_misses_;
-  server::Gauge *processes_, *thread_states_, *pinned_files_;
-  server::Counter* snapshots_;
+  server::Gauge *processes_ = nullptr, *thread_states_ = nullptr, *pinned_files_ = nullptr,
+                *symbol_cache_bytes_ = nullptr;
+  server::Counter *snapshots_ = nullptr, *symbol_cache_evictions_ = nullptr;
   server::CounterFamily* frames_by_source_;
   std::atomic<double> window_cpu_[3] = {0, 0, 0};
+  uint64_t last_symbol_evictions_ = 0;
   uint64_t last_snapshots_ = 0, last_dwarf_ = 0, last_debug_sym_ = 0, last_jit_ = 0;
   ProfileStats last_;
   SymbolizerStats last_ss_;
@@ -624,7 +635,7 @@ absl::Status RunAgent(const Config& config) {
     ++windows;
     metrics.Update(profile_set.stats(), symbolizer.stats(), bpf->map_stats(), processes.size(),
                    profiles_written, export_errors);
-    metrics.UpdateProcesses(processes, symbolizer.stats());
+    metrics.UpdateProcesses(processes, symbolizer.stats(), symbolizer.symbol_cache());
     metrics.SetWindowCpu(cpu_drained - cpu0, cpu_build, cpu_export);
     Log(LogLevel::kDebug,
         "window %d: %d on-CPU records, %d off-CPU records, %d processes, %d profiles; agent "

@@ -141,16 +141,50 @@ void ProfileSet::CountStackQuality(const StackPair& s, uint64_t weight) {
   if (IncompleteFrame(s) != nullptr) stats_.user_stack_incomplete += weight;
 }
 
+uint64_t ProfileSet::LocationOf(PprofBuilder& b, const symbolize::Frame& f) {
+  uint64_t mapping_id = 0;
+  if (f.mapping != nullptr) {
+    const symbolize::FrameMapping& m = *f.mapping;
+    mapping_id = b.AddMapping(
+        {m.start, m.limit, m.file_offset, m.filename, m.build_id, m.has_functions});
+  }
+  lines_scratch_.clear();
+  if (f.lines != nullptr) {
+    for (const symbolize::FrameLine& l : *f.lines) {
+      lines_scratch_.push_back({b.AddFunction({l.name, l.system_name, l.file}), l.line});
+    }
+  }
+  return b.AddLocationLines(mapping_id, f.address, lines_scratch_);
+}
+
+void ProfileSet::AppendFrames(PprofBuilder& b, const proc::ProcessKey& process,
+                              absl::Span<const uint64_t> ips, bool kernel,
+                              std::vector<uint64_t>* out) {
+  for (size_t i = 0; i < ips.size(); ++i) {
+    const bool leaf = i == 0;
+    // Leaf frames are symbolized at ip, callers at ip - 1: one address, two possible lines.
+    const uint32_t kind = (kernel ? 2 : 0) + (leaf ? 0 : 1);
+    // A builder holds one process's profile: an address it has seen needs no new lookup.
+    uint64_t loc = b.RememberedLocation(ips[i], kind);
+    if (loc == 0) {
+      loc = LocationOf(b, kernel ? symbolizer_->KernelFrame(ips[i], leaf)
+                                 : symbolizer_->UserFrame(process, ips[i], leaf));
+      b.RememberLocation(ips[i], kind, loc);
+    }
+    out->push_back(loc);
+  }
+}
+
 void ProfileSet::Locations(PprofBuilder& b, const proc::ProcessKey& process,
                            const StackPair& s, std::vector<uint64_t>* out) {
   out->clear();
-  symbolizer_->AddKernelFrames(b, s.kernel_ips, out);
+  AppendFrames(b, process, s.kernel_ips, /*kernel=*/true, out);
   if (s.kernel_stack_err == PS_ERR_NOT_CAPTURED) {
     out->push_back(b.AddSyntheticLocation("[kernel stack not captured]"));
   } else if (s.kernel_stack_err != 0) {
     out->push_back(b.AddSyntheticLocation("[unknown kernel]"));
   }
-  symbolizer_->AddUserFrames(b, process, s.user_ips, out);
+  AppendFrames(b, process, s.user_ips, /*kernel=*/false, out);
   if (s.user_stack_err == PS_ERR_ASLEEP_AT_ATTACH) {
     out->push_back(b.AddSyntheticLocation("[unknown: asleep since before attach]"));
   } else if (s.user_stack_err == PS_ERR_NOT_CAPTURED) {

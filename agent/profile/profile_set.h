@@ -108,6 +108,11 @@ class ProfileSet {
   // Location ids of a stack in `b`, with synthetic frames for lost/truncated stacks.
   void Locations(PprofBuilder& b, const proc::ProcessKey& process, const StackPair& stacks,
                  std::vector<uint64_t>* out);
+  // Appends the Location ids of `ips` (leaf first; kernel or user addresses of `process`).
+  void AppendFrames(PprofBuilder& b, const proc::ProcessKey& process,
+                    absl::Span<const uint64_t> ips, bool kernel, std::vector<uint64_t>* out);
+  // The Location (with its Mapping and Functions) of a symbolized frame in `b`.
+  uint64_t LocationOf(PprofBuilder& b, const symbolize::Frame& frame);
   // Stack-quality counters, once per record (not once per profile type).
   void CountStackQuality(const StackPair& stacks, uint64_t weight);
   std::vector<LabelSpec> ThreadLabels(const std::string& thread_name, uint32_t tid) const;
@@ -118,6 +123,7 @@ class ProfileSet {
   ProfileStats stats_;
   absl::flat_hash_map<proc::ProcessKey, PerProcess> per_process_;
   std::vector<uint64_t> scratch_;
+  std::vector<LineRef> lines_scratch_;
 };
 
 }  // namespace parascope

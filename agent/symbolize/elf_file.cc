@@ -1,5 +1,7 @@
 #include "agent/symbolize/elf_file.h"
 
+#include <atomic>
+
 #include <elf.h>
 #include <fcntl.h>
 #include <gelf.h>
@@ -132,6 +134,8 @@ class ElfFileReader {
 
   absl::StatusOr<std::unique_ptr<ElfFile>> Read() {
     auto file = std::unique_ptr<ElfFile>(new ElfFile());
+    static std::atomic<uint64_t> next_instance{1};
+    file->instance_id_ = next_instance.fetch_add(1, std::memory_order_relaxed);
     GElf_Ehdr ehdr;
     if (gelf_getehdr(elf_, &ehdr) == nullptr) return CorruptError(path_, "ELF header");
     file->is_pie_or_dso_ = ehdr.e_type == ET_DYN;

@@ -45,6 +45,9 @@ class ElfFile {
 
   // Lowercase hex of the NT_GNU_BUILD_ID descriptor (40 chars for the usual SHA-1 id), "" if none.
   const std::string& build_id() const { return build_id_; }
+  // Identifies this opening of the file within the agent's lifetime (never reused): a cache key
+  // for files without a build id (ElfCache opens a rewritten file anew, so it gets a new id).
+  uint64_t instance_id() const { return instance_id_; }
 
   // e_type == ET_DYN: a PIE executable or a shared object, so runtime addresses differ from ELF
   // virtual addresses by a load bias (ELF gABI, "ELF Header").
@@ -83,6 +86,7 @@ class ElfFile {
   ElfFile() = default;
 
   std::string build_id_;
+  uint64_t instance_id_ = 0;
   bool is_pie_or_dso_ = false;
   bool has_symtab_ = false;
   std::vector<Segment> segments_;

@@ -13,8 +13,20 @@
 namespace parascope {
 
 StackSymbolizer::StackSymbolizer(proc::ProcessTable* processes, symbolize::ElfCache* elf_cache,
-                                 const symbolize::Kallsyms* kallsyms)
-    : processes_(processes), elf_cache_(elf_cache), kallsyms_(kallsyms), perf_maps_(processes) {}
+                                 const symbolize::Kallsyms* kallsyms, size_t symbol_cache_bytes)
+    : processes_(processes),
+      elf_cache_(elf_cache),
+      kallsyms_(kallsyms),
+      perf_maps_(processes),
+      symbols_(symbol_cache_bytes),
+      no_lines_(std::make_shared<const symbolize::FrameLines>()) {
+  symbolize::FrameMapping kernel;
+  kernel.filename = kKernelMapping;
+  kernel.start = kallsyms_ ? kallsyms_->min_address() : 0;
+  kernel.limit = std::numeric_limits<uint64_t>::max();
+  kernel.has_functions = kallsyms_ != nullptr && kallsyms_->size() > 0;
+  kernel_mapping_ = std::make_shared<const symbolize::FrameMapping>(std::move(kernel));
+}
 
 void StackSymbolizer::SetDwarf(symbolize::DwarfCache* dwarf, int64_t budget_ns) {
   dwarf_ = dwarf;
@@ -29,37 +41,25 @@ int64_t ThreadCpuNow() {
 }
 }  // namespace
 
-void StackSymbolizer::AddKernelFrames(PprofBuilder& builder, absl::Span<const uint64_t> ips,
-                                      std::vector<uint64_t>* out) {
-  if (ips.empty()) return;
-  MappingSpec spec;
-  spec.filename = kKernelMapping;
-  spec.memory_start = kallsyms_ ? kallsyms_->min_address() : 0;
-  spec.memory_limit = std::numeric_limits<uint64_t>::max();
-  spec.has_functions = kallsyms_ != nullptr && kallsyms_->size() > 0;
-  uint64_t mapping_id = builder.AddMapping(spec);
-  for (size_t i = 0; i < ips.size(); ++i) {
-    ++stats_.frames;
-    uint64_t ip = ips[i];
-    const uint32_t kind = i == 0 ? kKernelLeaf : kKernelCaller;
-    if (uint64_t loc = builder.RememberedLocation(ip, kind)) {
-      out->push_back(loc);
-      continue;
-    }
-    std::optional<symbolize::KernelSymbol> sym;
-    if (kallsyms_ != nullptr) sym = kallsyms_->Lookup(i == 0 ? ip : ip - 1);
-    uint64_t loc;
-    if (!sym) {
-      ++stats_.kernel_no_symbol;
-      loc = builder.AddLocation(mapping_id, ip, {});
-    } else {
+symbolize::Frame StackSymbolizer::KernelFrame(uint64_t ip, bool leaf) {
+  ++stats_.frames;
+  symbolize::Frame frame{ip, kernel_mapping_, no_lines_};
+  if (kallsyms_ == nullptr) return frame;
+  const uint64_t lookup_ip = leaf ? ip : ip - 1;
+  auto it = kernel_memo_.find(lookup_ip);
+  if (it == kernel_memo_.end()) {
+    if (kernel_memo_.size() >= kMaxKernelMemo) kernel_memo_.clear();
+    std::shared_ptr<const symbolize::FrameLines> lines = no_lines_;
+    if (std::optional<symbolize::KernelSymbol> sym = kallsyms_->Lookup(lookup_ip)) {
       std::string name(sym->name);
-      uint64_t fid = builder.AddFunction({name, name, ""});
-      loc = builder.AddLocation(mapping_id, ip, {fid});
+      lines = std::make_shared<const symbolize::FrameLines>(
+          symbolize::FrameLines{{name, name, "", 0}});
     }
-    builder.RememberLocation(ip, kind, loc);
-    out->push_back(loc);
+    it = kernel_memo_.emplace(lookup_ip, std::move(lines)).first;
   }
+  if (it->second->empty()) ++stats_.kernel_no_symbol;
+  frame.lines = it->second;
+  return frame;
 }
 
 size_t StackSymbolizer::TracingPrefixLength(absl::Span<const uint64_t> ips) const {
@@ -77,160 +77,180 @@ size_t StackSymbolizer::TracingPrefixLength(absl::Span<const uint64_t> ips) cons
   return n < ips.size() ? n : 0;
 }
 
-void StackSymbolizer::AddUserFrames(PprofBuilder& builder, const proc::ProcessKey& process,
-                                    absl::Span<const uint64_t> ips, std::vector<uint64_t>* out) {
-  for (size_t i = 0; i < ips.size(); ++i) {
-    ++stats_.frames;
-    uint64_t ip = ips[i];
-    const uint32_t kind = i == 0 ? kUserLeaf : kUserCaller;
-    // A builder holds one process's profile: an address it has seen needs no new lookup.
-    if (uint64_t loc = builder.RememberedLocation(ip, kind)) {
-      out->push_back(loc);
-      continue;
+std::shared_ptr<const symbolize::ElfFile> StackSymbolizer::ElfFor(const proc::ProcessKey& process,
+                                                                  const proc::MappingRef& m) {
+  // One ELF cache lookup (a stat(2)) per file and window: processes mapping the same file
+  // (device and inode from /proc/<pid>/maps) share it.
+  const bool has_identity = m->inode != 0 && !m->deleted;
+  // The path is part of the key: btrfs subvolumes (snapshots, container layers) share one
+  // device number in maps and number their inodes independently.
+  const auto file_key =
+      std::make_tuple(kFileKey, (uint64_t{m->dev_major} << 32) | m->dev_minor, m->inode,
+                      static_cast<uint64_t>(absl::HashOf(m->path)));
+  const auto process_key =
+      std::make_tuple(kProcessKey, uint64_t{process.tgid}, process.start_boot_ns, m->start);
+  auto it = window_elfs_.end();
+  if (has_identity) it = window_elfs_.find(file_key);
+  if (it == window_elfs_.end()) it = window_elfs_.find(process_key);
+  if (it != window_elfs_.end()) return it->second;
+  // The pinned file first, then map_files/, then the path under the process's root.
+  absl::StatusOr<std::shared_ptr<const symbolize::ElfFile>> elf_or =
+      absl::NotFoundError("no path");
+  for (const std::string& host_path : processes_->HostPaths(m)) {
+    elf_or = elf_cache_->Get(host_path);
+    if (elf_or.ok() || !(absl::IsNotFound(elf_or.status()) ||
+                         absl::IsPermissionDenied(elf_or.status()))) {
+      break;  // found, or the file itself is bad: another path to it will not help
     }
-    uint64_t lookup_ip = i == 0 ? ip : ip - 1;
-    const proc::MappingRef m = processes_->FindMapping(process, lookup_ip);
-    if (!m || !m->file_backed()) {
-      // JIT code (anonymous memory): named by the process's perf map, if it writes one.
-      std::string map_path;
-      if (const symbolize::PerfMapSymbol* js = perf_maps_.Lookup(process, lookup_ip, &map_path)) {
-        ++stats_.jit;
-        MappingSpec spec;
-        spec.memory_start = m ? m->start : js->start;
-        spec.memory_limit = m ? m->end : js->start + js->size;
-        spec.filename = map_path;
-        spec.has_functions = true;
-        uint64_t fid = builder.AddFunction({js->name, js->name, ""});
-        uint64_t loc = builder.AddLocation(builder.AddMapping(spec), ip, {fid});
-        builder.RememberLocation(ip, kind, loc);
-        out->push_back(loc);
-        continue;
-      }
-    }
-    if (!m) {
-      ++stats_.no_mapping;
-      uint64_t loc = builder.AddLocation(0, ip, {});
-      builder.RememberLocation(ip, kind, loc);
-      out->push_back(loc);
-      continue;
-    }
-    MappingSpec spec;
-    spec.memory_start = m->start;
-    spec.memory_limit = m->end;
-    spec.file_offset = m->offset;
-    spec.filename = m->path.empty() ? "[anon]" : m->path;
-    std::shared_ptr<const symbolize::ElfFile> elf;
-    if (m->file_backed()) {
-      // One ELF cache lookup (a stat(2)) per file and window: processes mapping the same file
-      // (device and inode from /proc/<pid>/maps) share it.
-      const bool has_identity = m->inode != 0 && !m->deleted;
-      // The path is part of the key: btrfs subvolumes (snapshots, container layers) share one
-      // device number in maps and number their inodes independently.
-      const auto file_key =
-          std::make_tuple(kFileKey, (uint64_t{m->dev_major} << 32) | m->dev_minor, m->inode,
-                          static_cast<uint64_t>(absl::HashOf(m->path)));
-      const auto process_key =
-          std::make_tuple(kProcessKey, uint64_t{process.tgid}, process.start_boot_ns, m->start);
-      auto it = window_elfs_.end();
-      if (has_identity) it = window_elfs_.find(file_key);
-      if (it == window_elfs_.end()) it = window_elfs_.find(process_key);
-      if (it == window_elfs_.end()) {
-        // The pinned file first, then map_files/, then the path under the process's root.
-        absl::StatusOr<std::shared_ptr<const symbolize::ElfFile>> elf_or =
-            absl::NotFoundError("no path");
-        for (const std::string& host_path : processes_->HostPaths(m)) {
-          elf_or = elf_cache_->Get(host_path);
-          if (elf_or.ok() || !(absl::IsNotFound(elf_or.status()) ||
-                               absl::IsPermissionDenied(elf_or.status()))) {
-            break;  // found, or the file itself is bad: another path to it will not help
-          }
-        }
-        if (elf_or.ok()) {
-          it = window_elfs_.emplace(has_identity ? file_key : process_key, *std::move(elf_or))
-                   .first;
-        } else {
-          elf_errors_log_.Log(LogLevel::kWarning, "symbolize: cannot read %s (pid %d): %s",
-                              m->path, process.tgid, elf_or.status().ToString());
-          it = window_elfs_.emplace(process_key, nullptr).first;
-        }
-      }
-      elf = it->second;
-      if (elf == nullptr) ++stats_.no_elf;
-    }
-    if (elf != nullptr) {
-      spec.build_id = elf->build_id();
-      spec.has_functions = true;
-    }
-    if (server_side_ && elf != nullptr) {
-      std::optional<uint64_t> vaddr =
-          elf->FileOffsetToVaddr(lookup_ip - m->start + m->offset);
-      std::optional<uint64_t> start_vaddr = elf->FileOffsetToVaddr(m->offset);
-      if (vaddr && start_vaddr) {
-        spec.memory_start = *start_vaddr;
-        spec.memory_limit = *start_vaddr + (m->end - m->start);
-        spec.has_functions = false;
-        uint64_t loc = builder.AddLocation(builder.AddMapping(spec), *vaddr, {});
-        builder.RememberLocation(ip, kind, loc);
-        out->push_back(loc);
-        continue;
-      }
-    }
-    uint64_t mapping_id = builder.AddMapping(spec);
-    const symbolize::ElfSymbol* sym = nullptr;
-    std::optional<uint64_t> vaddr;
-    if (elf != nullptr) {
-      vaddr = elf->FileOffsetToVaddr(lookup_ip - spec.memory_start + spec.file_offset);
-      if (vaddr) sym = elf->Lookup(*vaddr);
-    }
-    // DWARF lines and inlined frames, or symbols of a separate debug file / MiniDebugInfo.
-    if (vaddr && dwarf_ != nullptr) {
-      const bool in_budget = dwarf_spent_ns_ < dwarf_budget_ns_;
-      const int64_t t0 = in_budget ? ThreadCpuNow() : 0;
-      std::shared_ptr<symbolize::DwarfFile> dw = DwarfFor(process, m, *elf);
-      const std::vector<symbolize::SourceFrame>* cached = nullptr;
-      if (dw != nullptr && !in_budget) {
-        cached = dw->Cached(*vaddr);
-        if (cached == nullptr) ++stats_.dwarf_deferred;
-      }
-      if (dw != nullptr && (in_budget || cached != nullptr) &&
-          (sym == nullptr || dw->HasDwarf())) {
-        const std::vector<symbolize::SourceFrame>& frames =
-            cached != nullptr ? *cached : dw->Symbolize(*vaddr);
-        if (in_budget) dwarf_spent_ns_ += ThreadCpuNow() - t0;
+  }
+  if (elf_or.ok()) {
+    return window_elfs_.emplace(has_identity ? file_key : process_key, *std::move(elf_or))
+        .first->second;
+  }
+  elf_errors_log_.Log(LogLevel::kWarning, "symbolize: cannot read %s (pid %d): %s", m->path,
+                      process.tgid, elf_or.status().ToString());
+  window_elfs_.emplace(process_key, nullptr);
+  return nullptr;
+}
+
+void StackSymbolizer::Count(symbolize::SymbolSource source) {
+  switch (source) {
+    case symbolize::SymbolSource::kNone:
+      ++stats_.no_symbol;
+      break;
+    case symbolize::SymbolSource::kDwarf:
+      ++stats_.dwarf;
+      break;
+    case symbolize::SymbolSource::kDebugSymtab:
+      ++stats_.debug_file_symbol;
+      break;
+    case symbolize::SymbolSource::kElfSymtab:
+      break;
+  }
+}
+
+symbolize::CachedSymbol StackSymbolizer::Lookup(const proc::ProcessKey& process,
+                                                const proc::MappingRef& m,
+                                                const symbolize::ElfFile& elf, uint64_t vaddr,
+                                                bool* cacheable) {
+  *cacheable = true;
+  const symbolize::ElfSymbol* sym = elf.Lookup(vaddr);
+  // DWARF lines and inlined frames, or symbols of a separate debug file / MiniDebugInfo.
+  if (dwarf_ != nullptr) {
+    if (dwarf_spent_ns_ >= dwarf_budget_ns_) {
+      // Named from the ELF symbol table for this window; DWARF is tried again in a later one.
+      ++stats_.dwarf_deferred;
+      *cacheable = false;
+    } else {
+      const int64_t t0 = ThreadCpuNow();
+      std::shared_ptr<symbolize::DwarfFile> dw = DwarfFor(process, m, elf);
+      if (dw != nullptr && (sym == nullptr || dw->HasDwarf())) {
+        const std::vector<symbolize::SourceFrame>& frames = dw->Symbolize(vaddr);
         if (!frames.empty()) {
-          std::vector<LineRef> lines;
-          lines.reserve(frames.size());
+          auto lines = std::make_shared<symbolize::FrameLines>();
+          lines->reserve(frames.size());
           for (size_t k = 0; k < frames.size(); ++k) {
             const symbolize::SourceFrame& f = frames[k];
             // The function the others are inlined into is named as its ELF symbol when there is
             // one (the name without DWARF, e.g. __libc_start_main for glibc's
             // __libc_start_main_impl, and a lambda's full demangled name, not "operator()").
             if (k + 1 == frames.size() && sym != nullptr) {
-              lines.push_back({builder.AddFunction({sym->name, sym->system_name, f.file}), f.line});
+              lines->push_back({sym->name, sym->system_name, f.file, f.line});
             } else {
-              lines.push_back({builder.AddFunction({f.name, f.system_name, f.file}), f.line});
+              lines->push_back({f.name, f.system_name, f.file, f.line});
             }
           }
-          if (dw->HasDwarf()) ++stats_.dwarf;
-          if (sym == nullptr) ++stats_.debug_file_symbol;
-          uint64_t loc = builder.AddLocationLines(mapping_id, ip, lines);
-          builder.RememberLocation(ip, kind, loc);
-          out->push_back(loc);
-          continue;
+          dwarf_spent_ns_ += ThreadCpuNow() - t0;
+          // Without DWARF, the names came from a debug file's or MiniDebugInfo's symbol table
+          // (only asked for when the binary's own table has no symbol here).
+          return {std::move(lines), dw->HasDwarf() ? symbolize::SymbolSource::kDwarf
+                                                   : symbolize::SymbolSource::kDebugSymtab};
+        }
+      }
+      dwarf_spent_ns_ += ThreadCpuNow() - t0;
+    }
+  }
+  if (sym == nullptr) return {no_lines_, symbolize::SymbolSource::kNone};
+  return {std::make_shared<const symbolize::FrameLines>(
+              symbolize::FrameLines{{sym->name, sym->system_name, "", 0}}),
+          symbolize::SymbolSource::kElfSymtab};
+}
+
+symbolize::Frame StackSymbolizer::UserFrame(const proc::ProcessKey& process, uint64_t ip,
+                                            bool leaf) {
+  ++stats_.frames;
+  const uint64_t lookup_ip = leaf ? ip : ip - 1;
+  const proc::MappingRef m = processes_->FindMapping(process, lookup_ip);
+  if (!m || !m->file_backed()) {
+    // JIT code (anonymous memory): named by the process's perf map, if it writes one.
+    std::string map_path;
+    if (const symbolize::PerfMapSymbol* js = perf_maps_.Lookup(process, lookup_ip, &map_path)) {
+      ++stats_.jit;
+      auto mapping = std::make_shared<symbolize::FrameMapping>();
+      mapping->start = m ? m->start : js->start;
+      mapping->limit = m ? m->end : js->start + js->size;
+      mapping->filename = std::move(map_path);
+      mapping->has_functions = true;
+      return {ip, std::move(mapping),
+              std::make_shared<const symbolize::FrameLines>(
+                  symbolize::FrameLines{{js->name, js->name, "", 0}})};
+    }
+  }
+  if (!m) {
+    ++stats_.no_mapping;
+    return {ip, nullptr, no_lines_};
+  }
+  std::shared_ptr<const symbolize::ElfFile> elf;
+  if (m->file_backed()) {
+    elf = ElfFor(process, m);
+    if (elf == nullptr) ++stats_.no_elf;
+  }
+  std::optional<uint64_t> vaddr;
+  if (elf != nullptr) vaddr = elf->FileOffsetToVaddr(lookup_ip - m->start + m->offset);
+  // The Mapping: once per process image, mapping and window.
+  const auto mapping_key = std::make_tuple(process.tgid, process.start_boot_ns, process.exec_id,
+                                           m->start);
+  auto mit = window_mappings_.find(mapping_key);
+  if (mit == window_mappings_.end() || mit->second->limit - mit->second->start !=
+                                           m->end - m->start) {
+    auto mapping = std::make_shared<symbolize::FrameMapping>();
+    mapping->start = m->start;
+    mapping->limit = m->end;
+    mapping->file_offset = m->offset;
+    mapping->filename = m->path.empty() ? "[anon]" : m->path;
+    if (elf != nullptr) {
+      mapping->build_id = elf->build_id();
+      mapping->has_functions = true;
+      if (server_side_) {
+        // ELF-relative bounds: memory_start is the ELF address of the mapping's first byte.
+        if (std::optional<uint64_t> start_vaddr = elf->FileOffsetToVaddr(m->offset)) {
+          mapping->start = *start_vaddr;
+          mapping->limit = *start_vaddr + (m->end - m->start);
+          mapping->has_functions = false;
         }
       }
     }
-    uint64_t loc;
-    if (sym == nullptr) {
-      if (elf != nullptr) ++stats_.no_symbol;
-      loc = builder.AddLocation(mapping_id, ip, {});
-    } else {
-      uint64_t fid = builder.AddFunction({sym->name, sym->system_name, ""});
-      loc = builder.AddLocation(mapping_id, ip, {fid});
-    }
-    builder.RememberLocation(ip, kind, loc);
-    out->push_back(loc);
+    mit = window_mappings_.insert_or_assign(mapping_key, std::move(mapping)).first;
   }
+  const std::shared_ptr<const symbolize::FrameMapping>& mapping = mit->second;
+  if (elf == nullptr || !vaddr) {
+    if (elf != nullptr) ++stats_.no_symbol;
+    return {ip, mapping, no_lines_};
+  }
+  if (server_side_ && !mapping->has_functions) return {*vaddr, mapping, no_lines_};
+  const std::string binary = !elf->build_id().empty()
+                                 ? absl::StrCat("b:", elf->build_id())
+                                 : absl::StrCat("i:", elf->instance_id());
+  if (const symbolize::CachedSymbol* hit = symbols_.Find(binary, *vaddr)) {
+    Count(hit->source);
+    return {ip, mapping, hit->lines};
+  }
+  bool cacheable = true;
+  symbolize::CachedSymbol found = Lookup(process, m, *elf, *vaddr, &cacheable);
+  Count(found.source);
+  symbolize::Frame frame{ip, mapping, found.lines};
+  if (cacheable) symbols_.Insert(binary, *vaddr, std::move(found));
+  return frame;
 }
 
 std::shared_ptr<symbolize::DwarfFile> StackSymbolizer::DwarfFor(const proc::ProcessKey& process,
@@ -253,6 +273,7 @@ std::shared_ptr<symbolize::DwarfFile> StackSymbolizer::DwarfFor(const proc::Proc
 void StackSymbolizer::EndWindow() {
   dwarf_spent_ns_ = 0;
   window_elfs_.clear();
+  window_mappings_.clear();
   perf_maps_.EndWindow();
   if (dwarf_ != nullptr) dwarf_->EndWindow();
 }

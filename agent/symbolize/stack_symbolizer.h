@@ -1,29 +1,30 @@
-// Turns raw instruction pointers into pprof Locations (SPEC section 3): kernel frames from
-// /proc/kallsyms under the `[kernel.kallsyms]` mapping, user frames from the ELF symbol tables of
-// the files mapped at those addresses, found through /proc/<pid>/maps and opened through
-// /proc/<pid>/root so container paths resolve.
+// Turns raw instruction pointers into pprof-free frames (symbolize/frame.h; SPEC section 3):
+// kernel frames from /proc/kallsyms under the `[kernel.kallsyms]` mapping, user frames from the
+// ELF symbol tables, DWARF and debug files of the files mapped at those addresses (the process
+// table's snapshot of each image, files opened as the process sees them), JIT frames from perf
+// maps. Results for ELF files are kept across windows in a SymbolCache keyed by build id.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <tuple>
-
-#include "absl/container/flat_hash_map.h"
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
 #include "agent/proc/process_table.h"
-#include "agent/profile/pprof_builder.h"
 #include "agent/symbolize/dwarf.h"
 #include "agent/symbolize/elf_cache.h"
+#include "agent/symbolize/frame.h"
 #include "agent/symbolize/kallsyms.h"
 #include "agent/symbolize/perf_map.h"
+#include "agent/symbolize/symbol_cache.h"
 #include "agent/util/log.h"
 
 namespace parascope {
 
-// Counters of a StackSymbolizer (monotonic). Frames are counted once per distinct address and
-// kind (leaf / caller) in each profile: repeated addresses reuse their Location.
+// Counters of a StackSymbolizer (monotonic), one per KernelFrame / UserFrame call (callers
+// memoize per profile: once per distinct address and kind in each profile).
 struct SymbolizerStats {
   uint64_t frames = 0;           // user + kernel frames resolved
   uint64_t no_mapping = 0;       // user ip outside every mapping (process gone or JIT)
@@ -41,18 +42,18 @@ struct SymbolizerStats {
 // then keep their addresses).
 class StackSymbolizer {
  public:
+  // symbol_cache_bytes bounds the cross-window SymbolCache (bytes).
   StackSymbolizer(proc::ProcessTable* processes, symbolize::ElfCache* elf_cache,
-                  const symbolize::Kallsyms* kallsyms);
+                  const symbolize::Kallsyms* kallsyms,
+                  size_t symbol_cache_bytes = symbolize::SymbolCache::kDefaultMaxBytes);
 
-  // Appends one Location id per kernel ip (leaf first) to *out.
-  void AddKernelFrames(PprofBuilder& builder, absl::Span<const uint64_t> ips,
-                       std::vector<uint64_t>* out);
-  // Appends one Location id per user ip (leaf first) of `process` to *out. Frames after the leaf
-  // are return addresses and are symbolized at ip - 1 (the call instruction), while the Location
-  // keeps the raw address. A frame that cannot be symbolized keeps its address and Mapping (with
-  // build id) so a server-side symbolizer can finish the job.
-  void AddUserFrames(PprofBuilder& builder, const proc::ProcessKey& process,
-                     absl::Span<const uint64_t> ips, std::vector<uint64_t>* out);
+  // The frame of kernel address `ip`; leaf: the first frame of the stack (symbolized at ip),
+  // else a return address (symbolized at ip - 1, the call instruction; the frame keeps ip).
+  symbolize::Frame KernelFrame(uint64_t ip, bool leaf);
+  // The frame of user address `ip` of `process`, leaf as above. A frame that cannot be
+  // symbolized keeps its address and Mapping (with build id) so a server-side symbolizer can
+  // finish the job; one outside every mapping has a null mapping.
+  symbolize::Frame UserFrame(const proc::ProcessKey& process, uint64_t ip, bool leaf);
 
   // Number of leading kernel frames that belong to the tracing machinery rather than to the
   // traced task: a stack captured by bpf_get_stack() inside a tracepoint program starts with the
@@ -61,6 +62,7 @@ class StackSymbolizer {
   size_t TracingPrefixLength(absl::Span<const uint64_t> kernel_ips) const;
 
   const SymbolizerStats& stats() const { return stats_; }
+  const symbolize::SymbolCache& symbol_cache() const { return symbols_; }
 
   // Source lines, inlined frames and separate debug files (borrowed; null: ELF symbols only).
   // New addresses cost a walk of their compile unit's DIEs (tens of us to ms in big C++ units),
@@ -88,17 +90,28 @@ class StackSymbolizer {
   std::shared_ptr<symbolize::DwarfFile> DwarfFor(const proc::ProcessKey& process,
                                                  const proc::MappingRef& m,
                                                  const symbolize::ElfFile& elf);
+  // The ELF file of a file-backed mapping (null when unreadable), looked up once per window.
+  std::shared_ptr<const symbolize::ElfFile> ElfFor(const proc::ProcessKey& process,
+                                                   const proc::MappingRef& m);
+  // Names `vaddr` of `elf` (ELF symbol table, then DWARF and debug files when enabled).
+  // *cacheable is false when the DWARF budget deferred the lookup to a later window.
+  symbolize::CachedSymbol Lookup(const proc::ProcessKey& process, const proc::MappingRef& m,
+                                 const symbolize::ElfFile& elf, uint64_t vaddr, bool* cacheable);
+  void Count(symbolize::SymbolSource source);
 
   SymbolizerStats stats_;
   symbolize::PerfMaps perf_maps_;
+  symbolize::SymbolCache symbols_;
   symbolize::DwarfCache* dwarf_ = nullptr;
   int64_t dwarf_budget_ns_ = 0;
   int64_t dwarf_spent_ns_ = 0;  // this window
   bool server_side_ = false;
   RateLimitedLog elf_errors_log_;
-  // Frame kinds for PprofBuilder's location memo: leaf frames are symbolized at ip, callers at
-  // ip - 1, so the same address can map to different lines.
-  static constexpr uint32_t kUserLeaf = 0, kUserCaller = 1, kKernelLeaf = 2, kKernelCaller = 3;
+  std::shared_ptr<const symbolize::FrameMapping> kernel_mapping_;
+  std::shared_ptr<const symbolize::FrameLines> no_lines_;
+  // Kernel symbols by looked-up address (at most kMaxKernelMemo, then cleared).
+  static constexpr size_t kMaxKernelMemo = 65536;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<const symbolize::FrameLines>> kernel_memo_;
   // ELF files looked up this window. Key: (kFileKey, device, inode, path hash) for a file found
   // through /proc/<pid>/maps' identity, shared by every process mapping it (one stat(2) per file
   // and window, not per process); (kProcessKey, tgid, start ns, mapping start) for a mapping
@@ -107,6 +120,10 @@ class StackSymbolizer {
   absl::flat_hash_map<std::tuple<uint8_t, uint64_t, uint64_t, uint64_t>,
                       std::shared_ptr<const symbolize::ElfFile>>
       window_elfs_;
+  // Mappings made this window, by (tgid, start ns, exec id, mapping start).
+  absl::flat_hash_map<std::tuple<uint32_t, uint64_t, uint32_t, uint64_t>,
+                      std::shared_ptr<const symbolize::FrameMapping>>
+      window_mappings_;
 };
 
 }  // namespace parascope
