@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -500,15 +502,68 @@ UnwindTableStats UnwindService::stats() const {
   return tables_.stats();
 }
 
+namespace {
+// True when an image's executable mappings are those of a dynamically linked program whose
+// libraries ld.so has not mapped yet: exactly two files, the program and its interpreter
+// (ld-linux-*.so, ld-musl-*.so; named by PT_INTERP, System V gABI "Program Interpreter").
+bool AwaitsLibraries(const proc::ProcessInfo& info) {
+  absl::flat_hash_set<std::string> files;
+  bool interpreter = false;
+  for (const proc::MapEntry& m : info.maps) {
+    if (m.inode == 0 || m.path.empty() || m.path[0] != '/') continue;
+    files.insert(m.path);
+    absl::string_view base = m.path;
+    base.remove_prefix(base.rfind('/') + 1);
+    if (absl::StartsWith(base, "ld-linux") || absl::StartsWith(base, "ld-musl") ||
+        absl::StartsWith(base, "ld64.so") || absl::StartsWith(base, "ld.so")) {
+      interpreter = true;
+    }
+  }
+  return interpreter && files.size() == 2;
+}
+}  // namespace
+
 void UnwindService::PollLoop() {
   // Snapshots for images that report unknown pcs (libraries loaded since): at once for the first
   // few (ld.so maps libc and friends right after exec), then at most every 0.2 s.
   constexpr int64_t kSnapshotRefreshNs = 200000000;
   constexpr uint32_t kQuickSnapshots = 4;
+  // Follow-ups of an exec snapshot taken before the libraries were mapped: ld.so maps them in
+  // the image's first millisecond or so; tried after 1, 2 and 4 ms.
+  constexpr int64_t kFollowUpNs = 1000000;
+  constexpr uint32_t kMaxFollowUpTries = 3;
   std::vector<ps_unwind_event> batch;
   while (!stop_) {
     batch.clear();
-    int rc = poll_(100, [&](const ps_unwind_event& e) { batch.push_back(e); });
+    int timeout_ms = 100;
+    int64_t now = MonotonicNowNs();
+    for (const FollowUp& f : follow_ups_) {
+      timeout_ms = std::min<int64_t>(timeout_ms, std::max<int64_t>(0, (f.due_ns - now + 999999) /
+                                                                            1000000));
+    }
+    int rc = poll_(timeout_ms, [&](const ps_unwind_event& e) { batch.push_back(e); });
+    // Due follow-ups join the batch as exec events of their image (a forced snapshot and load).
+    now = MonotonicNowNs();
+    std::vector<FollowUp> due;
+    for (size_t i = 0; i < follow_ups_.size();) {
+      if (follow_ups_[i].due_ns <= now) {
+        due.push_back(follow_ups_[i]);
+        follow_ups_[i] = follow_ups_.back();
+        follow_ups_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    absl::flat_hash_map<proc::ProcessKey, uint32_t> follow_up_tries;
+    for (const FollowUp& f : due) {
+      ps_unwind_event e{};
+      e.tgid = f.key.tgid;
+      e.kind = PS_UNWIND_EVENT_EXEC;
+      e.tgid_start_ns = f.key.start_boot_ns;
+      e.exec_id = f.key.exec_id;
+      batch.push_back(e);
+      follow_up_tries[f.key] = f.tries;
+    }
     if (rc < 0 && rc != -EINTR) {
       static RateLimitedLog log;
       log.Log(LogLevel::kWarning, "unwind: polling the table requests failed: %s",
@@ -516,7 +571,6 @@ void UnwindService::PollLoop() {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     if (batch.empty()) continue;
-    const int64_t now = MonotonicNowNs();
     std::vector<Work> work;
     work.reserve(batch.size());
     for (const ps_unwind_event& e : batch) {
@@ -539,7 +593,21 @@ void UnwindService::PollLoop() {
           Log(LogLevel::kDebug, "process %d (exec %d): snapshot after event %d: %s", e.tgid,
               e.exec_id, e.kind,
               s.ok() ? absl::StrCat((*s)->maps.size(), " mappings") : s.status().ToString());
-          if (s.ok()) w.snapshot = *std::move(s);
+          if (s.ok()) {
+            w.snapshot = *std::move(s);
+            if (e.kind == PS_UNWIND_EVENT_EXEC && AwaitsLibraries(*w.snapshot)) {
+              auto t = follow_up_tries.find(key);
+              const uint32_t tries = t == follow_up_tries.end() ? 0 : t->second;
+              if (tries >= kMaxFollowUpTries) {
+                // ld.so is slow (or the program maps nothing): the walker's unknown-pc
+                // requests take over.
+              } else if (follow_ups_.size() >= kMaxFollowUps) {
+                ++follow_ups_dropped_;
+              } else {
+                follow_ups_.push_back({key, now + (kFollowUpNs << tries), tries + 1});
+              }
+            }
+          }
         }
       }
       work.push_back(std::move(w));

@@ -232,6 +232,17 @@ class UnwindService {
     uint32_t count = 0;
   };
   absl::flat_hash_map<proc::ProcessKey, SnapshotRate> snapshot_rate_;
+  // Images snapshotted at exec before ld.so had mapped their libraries: snapshotted and loaded
+  // again shortly after (PollLoop), so that a short-lived process's first samples in libc do
+  // not wait for the walker's unknown-pc request. At most kMaxFollowUps pending.
+  struct FollowUp {
+    proc::ProcessKey key;
+    int64_t due_ns;
+    uint32_t tries;
+  };
+  static constexpr size_t kMaxFollowUps = 4096;
+  std::vector<FollowUp> follow_ups_;
+  uint64_t follow_ups_dropped_ = 0;
   // Processes whose load failed, not retried before the time (monotonic ns) given.
   absl::flat_hash_map<uint32_t, int64_t> retry_after_;
 };

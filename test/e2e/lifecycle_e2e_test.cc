@@ -422,12 +422,11 @@ TEST_CASE("lifecycle e2e: short-lived processes are symbolized", "[root][e2e]") 
   // Not over every user sample of the children: ld.so starting a 20 ms process, execve and the
   // pre-exec image take 3-5% of them here (measured), and none of that is short_lived_burn.
   // What remains is the program's own run, where only main's few calls around the burn and
-  // exit() are not. The issue asks 0.99; measured 0.986-0.996: the misses are samples in libc
-  // or the vDSO taken in an image's first milliseconds, before libc's unwind table is loaded
-  // (it is mapped after the exec event), whose walk stops there ("[incomplete: no unwind info]")
-  // short of short_lived_burn. Named correctly, but not reaching the burn frame. Until tables
-  // for an image's libraries are loaded at exec, the bar here is 0.98.
-  CHECK(Ratio(burn, program) >= 0.98);
+  // exit() are not. The issue asks 0.99. Samples in libc or the vDSO need libc's unwind table
+  // to reach short_lived_burn, and libc is mapped by ld.so after the exec event: the exec
+  // snapshot is taken again 1-4 ms later (UnwindService's follow-ups) so that libc's table is
+  // in place before most first samples (0.986-0.996 without them, 0.999 with).
+  CHECK(Ratio(burn, program) >= 0.99);
   // Symbolized means placed: the image snapshot holds every mapping the stacks went through
   // (libc's included, which ld.so maps after the exec).
   CHECK(Ratio(burn_mapped, burn) >= 0.99);
