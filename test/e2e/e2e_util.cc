@@ -352,27 +352,33 @@ std::map<std::string, std::string> KeyValues(const std::string& line) {
   return out;
 }
 
-// One Line as pprof -raw prints it: "fn file:line s=start" (file may be empty: "fn :0 s=0"; the
-// function name may contain spaces and colons, the file is taken as the last space-free token).
+// One Line as pprof -raw prints it: "fn file:line s=start", followed by "(system name)" when that
+// differs from fn (file may be empty: "fn :0 s=0"; the function name may contain spaces and
+// colons, the file is taken as the last space-free token; a system name, mangled, has no spaces).
 static RawProfile::Line ParseLocationLine(absl::string_view body) {
   RawProfile::Line out;
   size_t s_pos = body.rfind(" s=");
-  if (s_pos != absl::string_view::npos) body = body.substr(0, s_pos);
-  size_t colon = body.rfind(':');
-  if (colon == absl::string_view::npos) {
-    out.function = std::string(body);
-    return out;
+  if (s_pos != absl::string_view::npos) {
+    absl::string_view tail = body.substr(s_pos + 3);
+    size_t open = tail.find('(');
+    if (open != absl::string_view::npos && absl::EndsWith(tail, ")")) {
+      out.system_name = std::string(tail.substr(open + 1, tail.size() - open - 2));
+    }
+    body = body.substr(0, s_pos);
   }
+  auto finish = [&out](absl::string_view function) {
+    out.function = std::string(function);
+    if (out.system_name.empty()) out.system_name = out.function;
+    return out;
+  };
+  size_t colon = body.rfind(':');
+  if (colon == absl::string_view::npos) return finish(body);
   (void)absl::SimpleAtoi(body.substr(colon + 1), &out.line);
   absl::string_view before = body.substr(0, colon);
   size_t sp = before.rfind(' ');
-  if (sp == absl::string_view::npos) {
-    out.function = std::string(before);
-    return out;
-  }
-  out.function = std::string(before.substr(0, sp));
+  if (sp == absl::string_view::npos) return finish(before);
   out.file = std::string(before.substr(sp + 1));
-  return out;
+  return finish(before.substr(0, sp));
 }
 
 // pprof -raw layout (github.com/google/pprof/profile/profile.go String()): header lines, then

@@ -62,6 +62,9 @@ struct RawProfile {
   };
   struct Line {
     std::string function;
+    // The Function's system_name: pprof prints it only when it differs from the name, else it
+    // is the name.
+    std::string system_name;
     std::string file;  // "" if unknown
     int64_t line = 0;  // 0 if unknown
   };

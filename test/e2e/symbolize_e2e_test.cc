@@ -65,6 +65,7 @@ int64_t MarkedLine(const std::string& tag) {
 struct MultiRun {
   std::vector<std::unique_ptr<Child>> work;
   std::vector<int> pids;
+  std::vector<std::string> done;  // each workload's "done ..." line
   std::string agent_log;
 };
 
@@ -93,6 +94,7 @@ void RunAll(MultiRun* r, const std::vector<std::vector<std::string>>& workloads,
   for (auto& w : r->work) {
     REQUIRE(w->ReadStdoutLine(&line, 30));
     REQUIRE(absl::StartsWith(line, "done "));
+    r->done.push_back(line);
   }
   for (auto& w : r->work) {
     w->CloseStdin();
@@ -223,6 +225,143 @@ TEST_CASE("debug info: separate debug files by debuglink and build id, MiniDebug
     }
     if (i < 3) CHECK(inlined_seen);
   }
+}
+
+// Template-heavy C++ (test/workloads/cxx_templates.cc, g++ -O2 -g): every hot function is named
+// by its demangled name, with the mangled symbol as the Function's system_name; two instances of
+// one member function template are two functions, sharing the CPU as the workload split it.
+TEST_CASE("demangled C++ templates: each instance its own function; lambdas and operators named",
+          "[root][symbolize]") {
+  if (!RequireRoot()) return;
+  const std::string bin = Workload("cxx_templates");
+  // Demangled name -> mangled symbol. The names are c++filt's (binutils), checked against the
+  // binary's symbol table below, not the agent's demangler's.
+  const std::string kBoxInt = "long ps::Box<int>::Accumulate<long>(long) const";
+  const std::string kBoxDouble = "double ps::Box<double>::Accumulate<double>(double) const";
+  const std::string kStr =
+      "std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >";
+  const std::string kMap =
+      absl::StrCat("std::map<", kStr, ", std::vector<int, std::allocator<int> >, std::less<", kStr,
+                   " >, std::allocator<std::pair<", kStr,
+                   " const, std::vector<int, std::allocator<int> > > > >");
+  const std::string kForEachLambda =
+      "(anonymous namespace)::RunLambda(std::vector<unsigned long, std::allocator<unsigned long> > "
+      "const&)::{lambda(unsigned long)#1}::operator()(unsigned long) const";
+  const std::string kFunctionLambda =
+      "main::{lambda(unsigned long)#1}::operator()(unsigned long) const";
+  const std::string kOperator = "ps::operator*(ps::Mat4 const&, ps::Mat4 const&)";
+  const std::string kSumValues =
+      absl::StrCat("long ps::SumValues<", kMap, " >(", kMap, " const&, int)");
+  const std::string kMix =
+      "unsigned long ps::Mix<int, long, unsigned int>(long, int, long, unsigned int)";
+  // Each with the workload's "done" key of its CPU time.
+  struct Want {
+    std::string name, mangled, cpu_key;
+  };
+  const std::vector<Want> want = {
+      {kBoxInt, "_ZNK2ps3BoxIiE10AccumulateIlEET_S3_", "box_int_ns"},
+      {kBoxDouble, "_ZNK2ps3BoxIdE10AccumulateIdEET_S3_", "box_double_ns"},
+      {kSumValues,
+       "_ZN2ps9SumValuesISt3mapINSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEESt6vectorIiSaI"
+       "iEESt4lessIS7_ESaISt4pairIKS7_SA_EEEEElRKT_i",
+       "map_ns"},
+      {kForEachLambda, "_ZZN12_GLOBAL__N_19RunLambdaERKSt6vectorImSaImEEENKUlmE_clEm", "lambda_ns"},
+      {kOperator, "_ZN2psmlERKNS_4Mat4ES2_", "op_ns"},
+      {kMix, "_ZN2ps3MixIJiljEEEmlDpT_", "variadic_ns"},
+      // Called from std::_Function_handler<...>::_M_invoke, which tail-calls it (a jmp), so
+      // _M_invoke itself is not on the stack.
+      {kFunctionLambda, "_ZZ4mainENKUlmE_clEm", "function_ns"},
+  };
+  {
+    std::string syms = Output("nm --defined-only " + bin);
+    for (const Want& w : want) {
+      INFO(w.mangled);
+      CHECK(absl::StrContains(syms, " " + w.mangled + "\n"));
+      CHECK(Output("echo " + w.mangled + " | c++filt") == w.name);
+    }
+  }
+
+  TempDir out;
+  MultiRun r;
+  // 8 s: ~1500 samples of the two instances on a CPU of its own, so the sampling error of
+  // their split (~0.012) stays well inside its tolerance on a busy machine too.
+  RunAll(&r, {{bin, "8"}}, {}, out.path());
+  std::map<std::string, std::string> done = KeyValues(r.done[0]);
+  auto cpu = [&](const std::string& key) {
+    int64_t v = 0;
+    INFO(r.done[0]);
+    REQUIRE(absl::SimpleAtoi(done[key], &v));
+    return v;
+  };
+
+  std::map<std::string, int64_t> samples;               // demangled name -> samples naming it
+  std::map<std::string, std::set<std::string>> system;  // demangled name -> system names
+  std::map<std::string, std::set<std::string>> where;   // demangled name -> "<file>#<location>"
+  std::set<std::string> mangled_left;                   // workload function names still "_Z..."
+  int64_t total = 0, in_bin = 0, unnamed_in_bin = 0;
+  const auto files = ProfileFiles(out.path(), r.pids[0], "process_cpu-");
+  REQUIRE_FALSE(files.empty());
+  for (const std::string& f : files) {
+    RawProfile p = ReadWithPprof(f);
+    for (const auto& [id, loc] : p.locations) {
+      if (p.mapping_files[loc.mapping_id] != bin) continue;
+      for (const auto& l : loc.lines) {
+        if (absl::StartsWith(l.function, "_Z")) mangled_left.insert(l.function);
+        system[l.function].insert(l.system_name);
+        where[l.function].insert(absl::StrCat(f, "#", id));
+      }
+    }
+    for (const auto& s : p.samples) {
+      total += s.values[0];
+      const auto& leaf = p.locations[s.location_ids.front()];
+      if (p.mapping_files[leaf.mapping_id] == bin) {
+        in_bin += s.values[0];
+        if (leaf.lines.empty()) unnamed_in_bin += s.values[0];
+      }
+      for (const Want& w : want) {
+        if (SampleHas(p, s, w.name)) samples[w.name] += s.values[0];
+      }
+    }
+  }
+  const int64_t cpu_total = cpu("cpu_ns");
+  std::ostringstream figures;
+  for (const Want& w : want) {
+    figures << "\n  " << double(samples[w.name]) / std::max<int64_t>(total, 1) << " (cpu "
+            << double(cpu(w.cpu_key)) / cpu_total << ") " << w.name;
+  }
+  FIGURES("cxx_templates: " << total << " samples, " << in_bin << " with a leaf in the binary ("
+                            << unnamed_in_bin
+                            << " unnamed); share of samples naming each:" << figures.str());
+  CHECK(total >= 1200);  // 8 s at 499 Hz is ~4000 with a CPU to itself
+  {
+    INFO("still mangled: " << absl::StrJoin(mangled_left, "\n"));
+    CHECK(mangled_left.empty());
+  }
+  CHECK(unnamed_in_bin == 0);
+  for (const Want& w : want) {
+    INFO(w.name);
+    // Named exactly, with the mangled symbol as the system name, in a good part of the samples the
+    // workload's own clock gives it (each part has ~1/10 of the CPU or more).
+    CHECK(system[w.name] == std::set<std::string>{w.mangled});
+    CHECK(double(samples[w.name]) / total >= 0.5 * double(cpu(w.cpu_key)) / cpu_total);
+  }
+  // The two instances: two functions at their own locations.
+  REQUIRE_FALSE(where[kBoxInt].empty());
+  REQUIRE_FALSE(where[kBoxDouble].empty());
+  for (const std::string& loc : where[kBoxInt]) CHECK(where[kBoxDouble].count(loc) == 0);
+  // Their CPU: Box<double>'s loop runs twice the iterations of the same code (1:2), and the
+  // workload's thread clock around each call measures what it took.
+  const double measured =
+      double(cpu("box_int_ns")) / double(cpu("box_int_ns") + cpu("box_double_ns"));
+  const double sampled = double(samples[kBoxInt]) /
+                         double(std::max<int64_t>(samples[kBoxInt] + samples[kBoxDouble], 1));
+  FIGURES("Box<int> : Box<double>: sampled share " << sampled << " (" << samples[kBoxInt] << " and "
+                                                   << samples[kBoxDouble] << " samples), measured "
+                                                   << measured << ", by iterations 1/3");
+  CHECK(samples[kBoxInt] + samples[kBoxDouble] >= 500);
+  CHECK(std::abs(measured - 1.0 / 3) <= 0.07);
+  CHECK(std::abs(sampled - measured) <= 0.07);
+  CHECK(std::abs(sampled - 1.0 / 3) <= 0.07);
 }
 
 // A process in a chroot and one in its own mount namespace whose binary exists only there: both
