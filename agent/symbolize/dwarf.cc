@@ -110,12 +110,18 @@ void DieNames(Dwarf_Die* die, std::string* name, std::string* system_name) {
 }  // namespace
 
 // libdwfl's find_debuginfo callback (libdwfl.h Dwfl_Callbacks): returns an open fd of the
-// module's separate debug file and sets *debuginfo_file_name (malloc'ed), or -1.
+// module's separate debug file and sets *debuginfo_file_name (malloc'ed), or -1. libdwfl also
+// calls it for a dwz alt file (.gnu_debugaltlink, dwfl_module_getdwarf.c find_debug_altlink), with
+// the alt file's path as debuglink_file and CRC 0; that lookup would need the alt file's own build
+// id, which the callback does not get, so it finds nothing rather than offer the module's file.
 int FindDebugInfo(Dwfl_Module* mod, void** /*userdata*/, const char* /*modname*/,
                   uint64_t /*base*/, const char* /*file_name*/, const char* debuglink_file,
                   uint32_t debuglink_crc, char** debuginfo_file_name) {
   DwarfFile* self = g_resolving;
   if (self == nullptr) return -1;
+  if (debuglink_file != nullptr && debuglink_crc == 0 && std::strchr(debuglink_file, '/')) {
+    return -1;  // a dwz alt file (above)
+  }
   const unsigned char* id = nullptr;
   GElf_Addr id_vaddr = 0;
   int id_len = dwfl_module_build_id(mod, &id, &id_vaddr);
