@@ -1,10 +1,14 @@
 // symbolize::Debuginfod without the network beyond 127.0.0.1: the cache size bound (least
 // recently used build-id directories go first), queue overflow, failures and their retry
-// interval, shutdown during a stalled transfer, and one fetch from a local server speaking
-// debuginfod's GET /buildid/<id>/debuginfo (cpp-httplib).
+// interval, shutdown during a stalled transfer, one fetch from a local server speaking
+// debuginfod's GET /buildid/<id>/debuginfo (cpp-httplib), and DwarfCache using the fetched file
+// for a stripped library from the window after it arrived.
 #include "agent/symbolize/debuginfod.h"
 
+#include <fcntl.h>
+#include <gelf.h>
 #include <httplib.h>
+#include <libelf.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -21,6 +25,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "agent/symbolize/dwarf.h"
+#include "agent/symbolize/elf_file.h"
 
 namespace parascope::symbolize {
 namespace {
@@ -101,6 +107,32 @@ struct StalledServer {
   int fd = -1;
   int port = 0;
 };
+
+// st_value of the .symtab symbol `name` in the ELF file at `path`, 0 if none.
+uint64_t SymbolValue(const std::string& path, const std::string& name) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  elf_version(EV_CURRENT);
+  Elf* elf = elf_begin(fd, ELF_C_READ, nullptr);
+  REQUIRE(elf != nullptr);
+  uint64_t out = 0;
+  for (Elf_Scn* scn = elf_nextscn(elf, nullptr); scn != nullptr; scn = elf_nextscn(elf, scn)) {
+    GElf_Shdr sh{};
+    if (gelf_getshdr(scn, &sh) == nullptr || sh.sh_type != SHT_SYMTAB || sh.sh_entsize == 0) {
+      continue;
+    }
+    Elf_Data* data = elf_getdata(scn, nullptr);
+    for (size_t i = 0; data != nullptr && i < sh.sh_size / sh.sh_entsize; ++i) {
+      GElf_Sym sym{};
+      if (gelf_getsym(data, static_cast<int>(i), &sym) == nullptr) continue;
+      const char* n = elf_strptr(elf, sh.sh_link, sym.st_name);
+      if (n != nullptr && name == n) out = sym.st_value;
+    }
+  }
+  elf_end(elf);
+  close(fd);
+  return out;
+}
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -309,6 +341,53 @@ TEST_CASE("Debuginfod fetches from a debuginfod server and keeps the cache bound
   CHECK(s.cache_bytes >= body.size());
   CHECK(s.errors == 0);
   d->reset();
+  CHECK(server.requests(id) == 1);
+}
+
+TEST_CASE("DwarfCache uses a debug file from debuginfod from the window after it arrived",
+          "[debuginfod][symbolize]") {
+  // The stripped fixture has only .dynsym; the unstripped one (same build id) has .symtab and
+  // DWARF, so it serves as the stripped one's debug file.
+  auto stripped = ElfFile::Open(PS_FIXTURE_LIB_STRIPPED);
+  REQUIRE(stripped.ok());
+  const std::string id = (*stripped)->build_id();
+  REQUIRE(id.size() == 40);
+  const uint64_t local = SymbolValue(PS_FIXTURE_LIB, "ps_fixture_local");
+  REQUIRE(local != 0);
+  DebuginfodServer server(std::map<std::string, std::string>{{id, ReadAll(PS_FIXTURE_LIB)}});
+  TempDir dir;
+  DebuginfodOptions o;
+  o.urls = {server.url()};
+  o.cache_dir = dir.path() + "/cache";
+  auto d = Debuginfod::Create(o);
+  REQUIRE(d.ok());
+  DebugSearch search;
+  search.debug_dirs = {dir.path()};  // holds nothing
+  search.debuginfod = d->get();
+  DwarfCache cache(search);
+  const std::string key = "b:" + id;
+
+  std::shared_ptr<DwarfFile> f = cache.Get(key, PS_FIXTURE_LIB_STRIPPED, "", "");
+  REQUIRE(f != nullptr);
+  for (const SourceFrame& frame : f->Symbolize(local)) CHECK(frame.name != "ps_fixture_local");
+  CHECK(f->awaiting_debuginfod() == id);
+  CHECK(f->debug_file().empty());
+  CHECK(PollUntil([&] { return (*d)->Fetched(id); }));
+  CHECK(cache.Get(key, PS_FIXTURE_LIB_STRIPPED, "", "") == f);  // not within the window
+  cache.EndWindow();
+
+  std::shared_ptr<DwarfFile> g = cache.Get(key, PS_FIXTURE_LIB_STRIPPED, "", "");
+  REQUIRE(g != nullptr);
+  CHECK(g != f);
+  const std::vector<SourceFrame>& frames = g->Symbolize(local);
+  REQUIRE_FALSE(frames.empty());
+  CHECK(frames.back().name == "ps_fixture_local");
+  CHECK(frames.back().line > 0);
+  CHECK(g->HasDwarf());
+  CHECK(g->debug_file() == o.cache_dir + "/" + id + "/debuginfo");
+  CHECK(g->awaiting_debuginfod().empty());
+  cache.EndWindow();
+  CHECK(cache.Get(key, PS_FIXTURE_LIB_STRIPPED, "", "") == g);  // kept from now on
   CHECK(server.requests(id) == 1);
 }
 
