@@ -30,6 +30,7 @@
 #include "agent/server/http_server.h"
 #include "agent/server/metric_names.h"
 #include "agent/server/metrics.h"
+#include "agent/symbolize/debuginfod.h"
 #include "agent/symbolize/elf_cache.h"
 #include "agent/symbolize/kallsyms.h"
 #include "agent/symbolize/stack_symbolizer.h"
@@ -406,6 +407,43 @@ std::vector<server::CallbackRegistration> RegisterExporterMetrics(
 
 }  // namespace
 
+// Reports the debuginfod fetcher's figures at scrape time.
+std::vector<server::CallbackRegistration> RegisterDebuginfodMetrics(
+    server::MetricsRegistry* registry, const symbolize::Debuginfod* debuginfod) {
+  using server::CallbackSample;
+  using server::MetricType;
+  std::vector<server::CallbackRegistration> regs;
+  regs.push_back(registry->AddCallback(
+      MetricType::kCounter, "parascope_debuginfod_requests_total",
+      "Debug files asked of --debuginfod-urls, by result: fetched (now in the cache), not_found "
+      "(no server has the build id), error (unreachable, timed out, too large), dropped (the "
+      "fetch queue was full; asked again later).",
+      {"result"}, [debuginfod] {
+        symbolize::DebuginfodStats s = debuginfod->stats();
+        return std::vector<CallbackSample>{{{"fetched"}, static_cast<double>(s.fetched)},
+                                           {{"not_found"}, static_cast<double>(s.not_found)},
+                                           {{"error"}, static_cast<double>(s.errors)},
+                                           {{"dropped"}, static_cast<double>(s.dropped)}};
+      }));
+  auto scalar = [&](MetricType type, const char* name, const char* help,
+                    std::function<double(const symbolize::DebuginfodStats&)> f) {
+    regs.push_back(registry->AddCallback(type, name, help, {}, [debuginfod, f] {
+      return std::vector<CallbackSample>{{{}, f(debuginfod->stats())}};
+    }));
+  };
+  scalar(MetricType::kGauge, "parascope_debuginfod_cache_bytes",
+         "Bytes in --debuginfod-cache-dir at the last scan (start, after each fetch).",
+         [](const auto& s) { return static_cast<double>(s.cache_bytes); });
+  scalar(MetricType::kCounter, "parascope_debuginfod_cache_evictions_total",
+         "Debug files deleted from --debuginfod-cache-dir to stay within "
+         "--debuginfod-cache-max-bytes (least recently used first).",
+         [](const auto& s) { return static_cast<double>(s.evictions); });
+  scalar(MetricType::kGauge, "parascope_debuginfod_queue_length",
+         "Build ids waiting to be fetched from --debuginfod-urls.",
+         [](const auto& s) { return static_cast<double>(s.queued); });
+  return regs;
+}
+
 absl::Status RunAgent(const Config& config) {
   InstallLibbpfLogger();
   PS_RETURN_IF_ERROR(ProbeBpfEnvironment());
@@ -423,6 +461,25 @@ absl::Status RunAgent(const Config& config) {
     int fd;
     ~CloseFd() { close(fd); }
   } close_signal_fd{signal_fd};
+
+  // debuginfod first: it sets libdebuginfod's environment variables, safe only while no other
+  // thread runs (symbolize/debuginfod.h). Never with --symbolize=server (Validate).
+  std::unique_ptr<symbolize::Debuginfod> debuginfod;
+  if (!config.debuginfod_urls.empty()) {
+    symbolize::DebuginfodOptions dopts;
+    dopts.urls = config.debuginfod_urls;
+    dopts.cache_dir = config.debuginfod_cache_dir;
+    dopts.cache_max_bytes = config.debuginfod_cache_max_bytes;
+    auto created = symbolize::Debuginfod::Create(dopts);
+    if (!created.ok()) {
+      return absl::Status(created.status().code(),
+                          absl::StrCat("debuginfod: ", created.status().message()));
+    }
+    debuginfod = *std::move(created);
+    Log(LogLevel::kInfo, "debuginfod: fetching missing debug files from %s into %s (at most %d bytes)",
+        absl::StrJoin(config.debuginfod_urls, " "), config.debuginfod_cache_dir,
+        config.debuginfod_cache_max_bytes);
+  }
 
   // Push exporter first: bad TLS files or secrets fail before anything is loaded.
   std::unique_ptr<SeriesLabeler> labeler;
@@ -497,11 +554,12 @@ absl::Status RunAgent(const Config& config) {
   StackSymbolizer symbolizer(&processes, &elf_cache, kallsyms.get());
   symbolize::DebugSearch debug_search;
   debug_search.debug_dirs = config.debug_dirs;
+  debug_search.debuginfod = debuginfod.get();
   symbolize::DwarfCache dwarf_cache(debug_search);
   if (config.symbolize_server) {
     symbolizer.SetServerSide(true);
   } else {
-    symbolizer.SetDwarf(&dwarf_cache);
+    symbolizer.SetDwarf(&dwarf_cache, 250000000, debuginfod.get());
   }
   ProfileOptions popts;
   popts.period_ns = (1000000000LL + config.sampling_frequency_hz / 2) /
@@ -531,6 +589,10 @@ absl::Status RunAgent(const Config& config) {
   AgentMetrics metrics(&registry, bpf.get());
   std::vector<server::CallbackRegistration> push_metrics;
   if (pusher != nullptr) push_metrics = RegisterExporterMetrics(&registry, pusher.get());
+  std::vector<server::CallbackRegistration> debuginfod_metrics;
+  if (debuginfod != nullptr) {
+    debuginfod_metrics = RegisterDebuginfodMetrics(&registry, debuginfod.get());
+  }
   std::unique_ptr<server::HttpServer> http;
   if (!config.http_address.empty()) {
     server::HttpServerOptions ho;
@@ -690,6 +752,13 @@ absl::Status RunAgent(const Config& config) {
       c[PS_CTR_UNWIND_NO_TABLE_PC], c[PS_CTR_UNWIND_READ_FAULT], c[PS_CTR_UNWIND_BAD_FRAME],
       c[PS_CTR_UNWIND_FP_FRAMES], us.tables, us.table_bytes, us.tables_built, us.tables_evicted,
       us.budget_full);
+  if (debuginfod != nullptr) {
+    symbolize::DebuginfodStats d = debuginfod->stats();
+    Log(LogLevel::kInfo,
+        "debuginfod: fetched=%d not_found=%d errors=%d dropped=%d evictions=%d cache_bytes=%d "
+        "queued_at_exit=%d",
+        d.fetched, d.not_found, d.errors, d.dropped, d.evictions, d.cache_bytes, d.queued);
+  }
   if (config.print_summary) {
     std::cout << "parascope: busiest processes (" << bpf->event_name() << ", "
               << config.sampling_frequency_hz << " Hz, " << bpf->num_cpus() << " CPUs)\n";

@@ -54,6 +54,15 @@ ABSL_FLAG(std::string, symbolize, "agent",
 ABSL_FLAG(std::vector<std::string>, debug_dirs, {"/usr/lib/debug"},
           "directories of separate debug files (.build-id/xx/yyyy.debug, or the binary's path "
           "below them for .gnu_debuglink), comma-separated, searched in order");
+ABSL_FLAG(std::string, debuginfod_urls, "",
+          "debuginfod servers for debug files the --debug-dirs lack, space-separated (e.g. "
+          "\"https://debuginfod.debian.net\"); fetched in the background, used from a later "
+          "window on. Empty: off (the DEBUGINFOD_URLS environment variable is not read)");
+ABSL_FLAG(std::string, debuginfod_cache_dir, "/var/cache/parascope/debuginfod",
+          "where debug files from --debuginfod-urls are kept (<dir>/<build id>/debuginfo)");
+ABSL_FLAG(int64_t, debuginfod_cache_max_bytes, int64_t{1} << 30,
+          "bound of --debuginfod-cache-dir in bytes; least recently used debug files are "
+          "deleted beyond it");
 ABSL_FLAG(int64_t, unwind_table_bytes, int64_t{32} << 20,
           "BPF memory for .eh_frame unwind tables in bytes (16 per row; libc takes ~450 KiB); "
           "unused tables are evicted least recently used first, code without a table is unwound "
@@ -145,11 +154,9 @@ int main(int argc, char** argv) {
     return UsageError("--symbolize: expected agent or server, got '" + symbolize_mode + "'");
   }
   config.symbolize_server = symbolize_mode == "server";
-  for (const std::string& d : config.debug_dirs) {
-    if (d.empty() || d[0] != '/') {
-      return UsageError("--debug-dirs: '" + d + "' is not an absolute directory");
-    }
-  }
+  config.debuginfod_urls = parascope::SplitUrls(absl::GetFlag(FLAGS_debuginfod_urls));
+  config.debuginfod_cache_dir = absl::GetFlag(FLAGS_debuginfod_cache_dir);
+  config.debuginfod_cache_max_bytes = absl::GetFlag(FLAGS_debuginfod_cache_max_bytes);
   config.http_address = absl::GetFlag(FLAGS_http_address);
   config.print_summary = absl::GetFlag(FLAGS_print_summary);
   config.summary_processes = absl::GetFlag(FLAGS_summary_processes);

@@ -64,6 +64,34 @@ absl::Status Config::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("--pid: at most ", PS_PID_FILTER_ENTRIES,
                                                    " pids, got ", pids.size()));
   }
+  for (const std::string& d : debug_dirs) {
+    if (d.empty() || d[0] != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--debug-dirs: '", d, "' is not an absolute directory"));
+    }
+  }
+  for (const std::string& u : debuginfod_urls) {
+    // The schemes libdebuginfod lets libcurl use (CURLOPT_PROTOCOLS in debuginfod-client.c).
+    if (!absl::StartsWith(u, "http://") && !absl::StartsWith(u, "https://") &&
+        !absl::StartsWith(u, "file://")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--debuginfod-urls: '", u, "' must start with http://, https:// or file://"));
+    }
+  }
+  if (!debuginfod_urls.empty() && symbolize_server) {
+    return absl::InvalidArgumentError(
+        "--debuginfod-urls: needs --symbolize=agent (with server-side symbolization the server "
+        "fetches debug info)");
+  }
+  if (debuginfod_cache_dir.empty() || debuginfod_cache_dir[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--debuginfod-cache-dir: '", debuginfod_cache_dir, "' is not an absolute directory"));
+  }
+  if (debuginfod_cache_max_bytes < (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--debuginfod-cache-max-bytes: must be at least 1048576 (1 MiB), got ",
+        debuginfod_cache_max_bytes));
+  }
   if (summary_processes < 1 || summary_functions < 1) {
     return absl::InvalidArgumentError("--summary-processes/--summary-functions: must be >= 1");
   }
@@ -96,6 +124,10 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
   std::string s = *std::move(text);
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
   return s;
+}
+
+std::vector<std::string> SplitUrls(absl::string_view text) {
+  return absl::StrSplit(text, absl::ByAnyChar(" \t\n"), absl::SkipEmpty());
 }
 
 absl::StatusOr<std::vector<uint32_t>> ParsePidList(absl::string_view text) {

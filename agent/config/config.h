@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "agent/profile/profile_set.h"
 #include "agent/util/log.h"
@@ -52,6 +53,12 @@ struct Config {
   bool symbolize_server = false;
   // Global directories of separate debug files (.build-id/ and mirrored paths), searched in order.
   std::vector<std::string> debug_dirs = {"/usr/lib/debug"};
+  // debuginfod servers for debug files no debug dir has (--debuginfod-urls, space-separated like
+  // DEBUGINFOD_URLS, which itself is not read); empty = off. Fetched in the background into
+  // debuginfod_cache_dir, bounded to debuginfod_cache_max_bytes (symbolize/debuginfod.h).
+  std::vector<std::string> debuginfod_urls;
+  std::string debuginfod_cache_dir = "/var/cache/parascope/debuginfod";
+  int64_t debuginfod_cache_max_bytes = int64_t{1} << 30;
   absl::Duration shutdown_timeout = absl::Seconds(5);
   // /metrics, /healthz, /readyz; empty = no HTTP server.
   std::string http_address = "127.0.0.1:7070";
@@ -72,6 +79,10 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ParseKeyValues(
 
 // Reads a secret from a file (trailing newline removed). Errors name the file, never its content.
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path);
+
+// Splits --debuginfod-urls' value on spaces (and tabs) like libdebuginfod's DEBUGINFOD_URLS;
+// empty items are skipped, so "" is no URL.
+std::vector<std::string> SplitUrls(absl::string_view text);
 
 // Parses "123,456" into tgids. InvalidArgument on an empty item, a non-number or 0.
 absl::StatusOr<std::vector<uint32_t>> ParsePidList(absl::string_view text);

@@ -16,6 +16,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "agent/symbolize/debuginfod.h"
 #include "agent/symbolize/demangle.h"
 #include "agent/util/status.h"
 
@@ -110,12 +111,18 @@ void DieNames(Dwarf_Die* die, std::string* name, std::string* system_name) {
 }  // namespace
 
 // libdwfl's find_debuginfo callback (libdwfl.h Dwfl_Callbacks): returns an open fd of the
-// module's separate debug file and sets *debuginfo_file_name (malloc'ed), or -1.
+// module's separate debug file and sets *debuginfo_file_name (malloc'ed), or -1. libdwfl also
+// calls it for a dwz alt file (.gnu_debugaltlink, dwfl_module_getdwarf.c find_debug_altlink), with
+// the alt file's path as debuglink_file and CRC 0; that lookup would need the alt file's own build
+// id, which the callback does not get, so it finds nothing rather than offer the module's file.
 int FindDebugInfo(Dwfl_Module* mod, void** /*userdata*/, const char* /*modname*/,
                   uint64_t /*base*/, const char* /*file_name*/, const char* debuglink_file,
                   uint32_t debuglink_crc, char** debuginfo_file_name) {
   DwarfFile* self = g_resolving;
   if (self == nullptr) return -1;
+  if (debuglink_file != nullptr && debuglink_crc == 0 && std::strchr(debuglink_file, '/')) {
+    return -1;  // a dwz alt file (above)
+  }
   const unsigned char* id = nullptr;
   GElf_Addr id_vaddr = 0;
   int id_len = dwfl_module_build_id(mod, &id, &id_vaddr);
@@ -137,17 +144,17 @@ int FindDebugInfo(Dwfl_Module* mod, void** /*userdata*/, const char* /*modname*/
       }
     }
   }
-  for (const std::string& c : candidates) {
+  // The right file: the binary's build id, else (no build id) the debuglink's CRC.
+  auto open_verified = [&](const std::string& c) -> int {
     // The process owner names the debuglink and the directory: never block on a FIFO, never
     // read a device.
     int fd = open(c.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) continue;
+    if (fd < 0) return -1;
     struct stat st {};
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       close(fd);
-      continue;
+      return -1;
     }
-    // The right file: the binary's build id, else (no build id) the debuglink's CRC.
     bool ok;
     if (!build_id.empty()) {
       ok = BuildIdOfFd(fd) == build_id;
@@ -157,11 +164,24 @@ int FindDebugInfo(Dwfl_Module* mod, void** /*userdata*/, const char* /*modname*/
     }
     if (!ok) {
       close(fd);
-      continue;
+      return -1;
     }
     self->debug_file_ = c;
     *debuginfo_file_name = strdup(c.c_str());
     return fd;
+  };
+  for (const std::string& c : candidates) {
+    if (int fd = open_verified(c); fd >= 0) return fd;
+  }
+  // Last, debuginfod's cache (no network here); what is not there yet is fetched in the
+  // background, and DwarfCache::Get replaces this file once it is there.
+  Debuginfod* debuginfod = self->search_.debuginfod;
+  if (debuginfod != nullptr && !build_id.empty()) {
+    if (std::string cached = debuginfod->Lookup(build_id); !cached.empty()) {
+      return open_verified(cached);  // a file that fails verification is not asked for again
+    }
+    debuginfod->Request(build_id);
+    self->awaiting_debuginfod_ = build_id;
   }
   return -1;
 }
@@ -431,11 +451,23 @@ std::shared_ptr<DwarfFile> DwarfCache::Get(const std::string& key, const std::st
   {
     std::lock_guard<std::mutex> l(mu_);
     if (auto it = index_.find(key); it != index_.end()) {
-      lru_.splice(lru_.begin(), lru_, it->second);
-      it->second->last_used_window = window_;
       std::shared_ptr<DwarfFile> f = it->second->file;
-      if (f != nullptr && f->closed()) (void)f->Reopen(open_path);  // results stay if this fails
-      return f;
+      // At a file's first use in a window: if it asked debuginfod for its debug file and the
+      // file is in the cache now, open it afresh (below), as its results were made without it.
+      // Only when the file is on disk, so one that was evicted is not reopened every window.
+      Debuginfod* debuginfod = search_.debuginfod;
+      const bool fetched = it->second->last_used_window != window_ && debuginfod != nullptr &&
+                           f != nullptr && !f->awaiting_debuginfod().empty() &&
+                           debuginfod->Fetched(f->awaiting_debuginfod()) &&
+                           !debuginfod->Lookup(f->awaiting_debuginfod()).empty();
+      if (!fetched) {
+        lru_.splice(lru_.begin(), lru_, it->second);
+        it->second->last_used_window = window_;
+        if (f != nullptr && f->closed()) (void)f->Reopen(open_path);  // results stay if not
+        return f;
+      }
+      lru_.erase(it->second);
+      index_.erase(it);
     }
   }
   absl::StatusOr<std::unique_ptr<DwarfFile>> opened =

@@ -5,7 +5,9 @@
 // gdb's search order, "Separate Debug Files" in the gdb manual); a candidate must carry the
 // binary's build id when the binary has one. Symbols also come from MiniDebugInfo (an
 // xz-compressed ELF with a .symtab in the .gnu_debugdata section, as Fedora ships; libdwfl reads
-// it when built with lzma, as Debian's is).
+// it when built with lzma, as Debian's is). With --debuginfod-urls, a binary with a build id whose
+// debug file none of these holds also tries the debuginfod cache (debuginfod.h), and asks for it
+// to be fetched in the background when it is not there yet.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +26,8 @@ struct Dwfl_Module;
 
 namespace parascope::symbolize {
 
+class Debuginfod;
+
 // One function of a symbolized address: the address's innermost inlined function first, the
 // function it was inlined into last.
 struct SourceFrame {
@@ -38,6 +42,9 @@ struct DebugSearch {
   // Global debug directories (--debug-dirs), each holding .build-id/ and a tree mirroring the
   // file system (Debian's -dbgsym packages install to /usr/lib/debug).
   std::vector<std::string> debug_dirs = {"/usr/lib/debug"};
+  // Borrowed, may be null: the debuginfod cache, the last candidate for a binary with a build id
+  // (after the directories above), and the fetcher asked for a build id none of them has.
+  Debuginfod* debuginfod = nullptr;
 };
 
 // One binary's debug information. Thread-compatible: Symbolize is not const (it caches).
@@ -78,6 +85,10 @@ class DwarfFile {
   bool HasDwarf();
   // The separate debug file used ("" if none, or not looked up yet).
   const std::string& debug_file() const { return debug_file_; }
+  // The build id (lowercase hex) this file asked debuginfod for because no debug file was on
+  // disk, "" if it did not: once the fetch lands, a fresh DwarfFile finds the file (DwarfCache::Get
+  // replaces this one, whose results were made without it).
+  const std::string& awaiting_debuginfod() const { return awaiting_debuginfod_; }
   size_t memory_bytes() const { return memo_bytes_ + 4096; }
 
  private:
@@ -110,7 +121,7 @@ class DwarfFile {
   std::string seen_dir_;
   std::string process_dir_;
   DebugSearch search_;
-  std::string build_id_;  // lowercase hex
+  std::string awaiting_debuginfod_;  // build id asked for, lowercase hex
   bool has_dwarf_ = false;
   bool dwarf_checked_ = false;
   std::string debug_file_;
@@ -129,7 +140,9 @@ class DwarfCache {
   // max_files: open modules at most (each maps its debug file: file-backed RSS while used).
   explicit DwarfCache(DebugSearch search = {}, size_t max_files = 16);
   // The DwarfFile for `key` (build id, or device/inode), opening it on a miss; null when it
-  // cannot be opened (cached as such).
+  // cannot be opened (cached as such). A file that asked debuginfod for its debug file is opened
+  // afresh at its first use in a window once that file is in debuginfod's cache (a memory check
+  // and a stat(2)): its earlier results were made without it.
   std::shared_ptr<DwarfFile> Get(const std::string& key, const std::string& open_path,
                                  const std::string& seen_dir, const std::string& process_dir);
   size_t size() const;

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "agent/symbolize/debuginfod.h"
 
 namespace parascope {
 
@@ -28,8 +29,10 @@ StackSymbolizer::StackSymbolizer(proc::ProcessTable* processes, symbolize::ElfCa
   kernel_mapping_ = std::make_shared<const symbolize::FrameMapping>(std::move(kernel));
 }
 
-void StackSymbolizer::SetDwarf(symbolize::DwarfCache* dwarf, int64_t budget_ns) {
+void StackSymbolizer::SetDwarf(symbolize::DwarfCache* dwarf, int64_t budget_ns,
+                               const symbolize::Debuginfod* debuginfod) {
   dwarf_ = dwarf;
+  debuginfod_ = debuginfod;
   dwarf_budget_ns_ = budget_ns;
 }
 
@@ -144,7 +147,16 @@ symbolize::CachedSymbol StackSymbolizer::Lookup(const proc::ProcessKey& process,
     } else {
       const int64_t t0 = ThreadCpuNow();
       std::shared_ptr<symbolize::DwarfFile> dw = DwarfFor(process, m, elf);
-      if (dw != nullptr && (sym == nullptr || dw->HasDwarf())) {
+      const bool has_dwarf = dw != nullptr && dw->HasDwarf();  // runs the debug file search
+      // A debug file on its way from debuginfod, or fetched since this DwarfFile was opened:
+      // this result, made without it, is for this window only (DwarfCache opens the binary
+      // afresh at its first use in the next window).
+      if (dw != nullptr && !dw->awaiting_debuginfod().empty() && debuginfod_ != nullptr &&
+          (debuginfod_->Pending(dw->awaiting_debuginfod()) ||
+           debuginfod_->Fetched(dw->awaiting_debuginfod()))) {
+        *cacheable = false;
+      }
+      if (dw != nullptr && (sym == nullptr || has_dwarf)) {
         const std::vector<symbolize::SourceFrame>& frames = dw->Symbolize(vaddr);
         if (!frames.empty()) {
           auto lines = std::make_shared<symbolize::FrameLines>();
@@ -163,7 +175,7 @@ symbolize::CachedSymbol StackSymbolizer::Lookup(const proc::ProcessKey& process,
           dwarf_spent_ns_ += ThreadCpuNow() - t0;
           // Without DWARF, the names came from a debug file's or MiniDebugInfo's symbol table
           // (only asked for when the binary's own table has no symbol here).
-          return {std::move(lines), dw->HasDwarf() ? symbolize::SymbolSource::kDwarf
+          return {std::move(lines), has_dwarf ? symbolize::SymbolSource::kDwarf
                                                    : symbolize::SymbolSource::kDebugSymtab};
         }
       }

@@ -22,6 +22,9 @@
 #include "agent/util/log.h"
 
 namespace parascope {
+namespace symbolize {
+class Debuginfod;
+}
 
 // Counters of a StackSymbolizer (monotonic), one per KernelFrame / UserFrame call (callers
 // memoize per profile: once per distinct address and kind in each profile).
@@ -68,7 +71,10 @@ class StackSymbolizer {
   // New addresses cost a walk of their compile unit's DIEs (tens of us to ms in big C++ units),
   // so each window spends at most budget_ns of CPU on new DWARF lookups; past it, new addresses
   // are named from the ELF symbol table for that window and cached ones still get their lines.
-  void SetDwarf(symbolize::DwarfCache* dwarf, int64_t budget_ns = 250000000);
+  // debuginfod (borrowed, may be null): the fetcher the DwarfCache's files ask for debug files;
+  // results of a binary whose debug file is still being fetched are not cached across windows.
+  void SetDwarf(symbolize::DwarfCache* dwarf, int64_t budget_ns = 250000000,
+                const symbolize::Debuginfod* debuginfod = nullptr);
   // --symbolize=server: user frames of ELF files are left for the server (Pyroscope's
   // symbolizer, debuginfod): their Locations carry the ELF virtual address of the looked-up pc
   // (the pc for the leaf, the return address - 1 for callers, so `addr2line -e FILE ADDR` names
@@ -103,6 +109,7 @@ class StackSymbolizer {
   symbolize::PerfMaps perf_maps_;
   symbolize::SymbolCache symbols_;
   symbolize::DwarfCache* dwarf_ = nullptr;
+  const symbolize::Debuginfod* debuginfod_ = nullptr;
   int64_t dwarf_budget_ns_ = 0;
   int64_t dwarf_spent_ns_ = 0;  // this window
   bool server_side_ = false;

@@ -1,19 +1,25 @@
 // Root end-to-end tests of symbolization (issue: every process's frames named, acceptance 5-8):
 // debug info from the binary, from separate debug files (.gnu_debuglink, build-id directory) and
-// MiniDebugInfo; JIT frames from Node's perf map; demangled C++; --symbolize=server against
-// addr2line. Workloads are built with gcc -O2 -g (CMakeLists.txt); stripped copies are made here
+// MiniDebugInfo, and a debuginfod server (--debuginfod-urls); JIT frames from Node's perf map;
+// demangled C++; --symbolize=server against addr2line. Workloads are built with gcc -O2 -g (CMakeLists.txt); stripped copies are made here
 // with binutils and xz, as distributions make them. Every profile is read through the real pprof.
+#include <httplib.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <regex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -21,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "test/e2e/e2e_util.h"
 
 namespace parascope::testing {
@@ -362,6 +369,182 @@ TEST_CASE("demangled C++ templates: each instance its own function; lambdas and 
   CHECK(std::abs(measured - 1.0 / 3) <= 0.07);
   CHECK(std::abs(sampled - measured) <= 0.07);
   CHECK(std::abs(sampled - 1.0 / 3) <= 0.07);
+}
+
+// The value of one Prometheus series in /metrics text, e.g.
+// `parascope_debuginfod_requests_total{result="fetched"}`; -1 if absent.
+double MetricValue(const std::string& text, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StartsWith(line, series + " ")) {
+      double v = -1;
+      (void)absl::SimpleAtod(line.substr(series.size() + 1), &v);
+      return v;
+    }
+  }
+  return -1;
+}
+
+// A stripped binary (no .symtab, no DWARF, no .gnu_debuglink) whose debug file only a local
+// debuginfod server has: the agent asks for it in the background after the first window that
+// needs it, and names the binary's functions from a later window on. Nothing else can name them:
+// --debug-dirs is an empty directory.
+TEST_CASE("debuginfod: a stripped binary's debug file fetched in the background names it from a "
+          "later window",
+          "[root][symbolize]") {
+  if (!RequireRoot()) return;
+  // Bad values are usage errors naming the flag (exit 2).
+  for (const char* bad : {"--debuginfod-cache-max-bytes=12x", "--debuginfod-cache-max-bytes=1000",
+                          "--debuginfod-urls=ftp://x", "--debuginfod-cache-dir=relative"}) {
+    std::string out, err;
+    int rc = RunCommand(absl::StrCat(PS_AGENT_BIN, " --debuginfod-urls=http://127.0.0.1:1 ", bad),
+                        &out, &err);
+    const std::string flag(absl::string_view(bad).substr(0, absl::string_view(bad).find('=')));
+    INFO(bad << ": " << err);
+    CHECK(WIFEXITED(rc));
+    CHECK(WEXITSTATUS(rc) == 2);
+    CHECK(absl::StrContains(err, flag + ":"));
+  }
+  TempDir tmp;
+  const std::string bin = tmp.path() + "/bin/fetched", served = tmp.path() + "/served.debug",
+                    no_debug = tmp.path() + "/no-debug", cache = tmp.path() + "/cache";
+  fs::create_directories(tmp.path() + "/bin");
+  fs::create_directories(no_debug);
+  fs::copy_file(Workload("debuginfo_2"), bin);
+  Run(absl::StrCat("objcopy --only-keep-debug ", bin, " ", served, " && strip --strip-all ", bin));
+  const std::string id = Output("readelf -n " + bin + " | sed -n 's/.*Build ID: //p'");
+  REQUIRE(id.size() == 40);
+  {
+    std::string out, err;
+    RunCommand("nm " + bin + "; readelf -S " + bin, &out, &err);
+    INFO(out << err);
+    CHECK_FALSE(absl::StrContains(out, "debuginfo_burn"));
+    CHECK_FALSE(absl::StrContains(out, ".debug_info"));
+    CHECK_FALSE(absl::StrContains(out, ".gnu_debuglink"));
+  }
+  std::string served_bytes;
+  {
+    std::ifstream in(served, std::ios::binary);
+    served_bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  REQUIRE(!served_bytes.empty());
+
+  // debuginfod's protocol, as much as the client uses: GET /buildid/<hex>/debuginfo, 404 for
+  // what the server does not have (the workload's libc and ld.so).
+  httplib::Server server;
+  std::mutex mu;
+  std::map<std::string, int> requests;  // path -> count
+  server.Get(R"(/buildid/([0-9a-f]+)/debuginfo)",
+             [&](const httplib::Request& req, httplib::Response& res) {
+               {
+                 std::lock_guard<std::mutex> l(mu);
+                 ++requests[req.path];
+               }
+               if (req.matches[1] == id) {
+                 res.set_content(served_bytes, "application/octet-stream");
+               } else {
+                 res.status = 404;
+               }
+             });
+  const int server_port = server.bind_to_any_port("127.0.0.1");
+  REQUIRE(server_port > 0);
+  std::thread serving([&] { server.listen_after_bind(); });
+  struct StopServer {
+    httplib::Server& s;
+    std::thread& t;
+    ~StopServer() {
+      s.stop();
+      t.join();
+    }
+  } stop_server{server, serving};
+
+  std::unique_ptr<Child> work = std::make_unique<Child>(std::vector<std::string>{bin, "60"});
+  std::string line;
+  REQUIRE(work->ReadStdoutLine(&line));
+  REQUIRE(absl::StartsWith(line, "ready "));
+  const int pid = std::stoi(line.substr(6));
+  TempDir out;
+  std::vector<std::string> argv = {
+      PS_AGENT_BIN, absl::StrCat("--pid=", pid), "--output-dir=" + out.path(),
+      "--http-address=127.0.0.1:0", "--profiles=cpu", "--sampling-frequency=199",
+      "--collect-interval=1s", "--duration=90s", "--debug-dirs=" + no_debug,
+      absl::StrCat("--debuginfod-urls=http://127.0.0.1:", server_port),
+      "--debuginfod-cache-dir=" + cache};
+  Child agent(argv);
+  int http_port = 0;
+  const std::regex port_re("serving /metrics.*\\(port ([0-9]+)\\)");
+  for (;;) {
+    bool got = agent.ReadStderrLine(&line, 60);
+    INFO("agent stderr:\n" << agent.stderr_text());
+    REQUIRE(got);
+    std::smatch m;
+    if (std::regex_search(line, m, port_re)) http_port = std::stoi(m[1]);
+    if (absl::StrContains(line, "attached:")) break;
+  }
+  REQUIRE(http_port > 0);
+  work->WriteStdin("go\n");
+
+  // Each window's profile in window order, until one names the workload's function and one more
+  // window follows it.
+  struct Window {
+    std::string file;
+    Count burn;  // samples naming debuginfo_burn, of all
+  };
+  std::vector<Window> windows;
+  std::set<std::string> seen;
+  size_t first_named = SIZE_MAX;
+  const absl::Time deadline = absl::Now() + absl::Seconds(45);
+  while (absl::Now() < deadline) {
+    for (const std::string& f : ProfileFiles(out.path(), pid, "process_cpu-")) {
+      if (!seen.insert(f).second) continue;
+      RawProfile p = ReadWithPprof(f);
+      Window w{f, {}};
+      for (const auto& s : p.samples) {
+        w.burn.total += s.values[0];
+        if (SampleHas(p, s, "debuginfo_burn")) w.burn.matching += s.values[0];
+      }
+      if (w.burn.total == 0) continue;
+      if (w.burn.matching > 0 && first_named == SIZE_MAX) first_named = windows.size();
+      windows.push_back(w);
+    }
+    if (first_named != SIZE_MAX && windows.size() > first_named + 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // poll interval
+  }
+  const std::string metrics = Output(
+      absl::StrCat("curl -sS -m 10 http://127.0.0.1:", http_port, "/metrics"));
+  kill(agent.pid(), SIGTERM);
+  const int status = agent.Wait(60);
+  INFO("agent stderr:\n" << agent.stderr_text());
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+
+  std::ostringstream figures;
+  for (const Window& w : windows) figures << " " << w.burn.matching << "/" << w.burn.total;
+  FIGURES("debuginfod: samples naming debuginfo_burn per window:" << figures.str()
+                                                                  << "; first named window "
+                                                                  << first_named);
+  REQUIRE(first_named != SIZE_MAX);
+  // The first window that needed the file could not have it (it is asked for then); a later one
+  // names the function, and the window after that names every sample.
+  CHECK(first_named >= 1);
+  REQUIRE(windows.size() > first_named + 1);
+  CHECK(windows.back().burn.share() >= 0.95);
+  // Asked for once; the file sits in the cache, the binary's build id in it.
+  {
+    std::lock_guard<std::mutex> l(mu);
+    std::string all;
+    for (const auto& [path, n] : requests) absl::StrAppend(&all, path, "=", n, " ");
+    INFO("server requests: " << all);
+    CHECK(requests[absl::StrCat("/buildid/", id, "/debuginfo")] == 1);
+  }
+  const std::string cached = cache + "/" + id + "/debuginfo";
+  REQUIRE(fs::exists(cached));
+  CHECK(fs::file_size(cached) == served_bytes.size());
+  CHECK(Output("readelf -n " + cached + " | sed -n 's/.*Build ID: //p'") == id);
+  INFO("metrics:\n" << metrics);
+  CHECK(MetricValue(metrics, "parascope_debuginfod_requests_total{result=\"fetched\"}") == 1);
+  CHECK(MetricValue(metrics, "parascope_debuginfod_requests_total{result=\"error\"}") == 0);
+  CHECK(MetricValue(metrics, "parascope_debuginfod_cache_bytes") >= served_bytes.size());
+  CHECK(absl::StrContains(agent.stderr_text(), "debuginfod: fetched=1 "));
 }
 
 // A process in a chroot and one in its own mount namespace whose binary exists only there: both

@@ -80,6 +80,33 @@ TEST_CASE("Repeated list flags accumulate and K=V items parse", "[config]") {
   CHECK(absl::StartsWith(c.Validate().message(), "--remote-protocol:"));
 }
 
+TEST_CASE("debuginfod flags: URLs split on spaces, validated with the flag named", "[config]") {
+  CHECK(SplitUrls("").empty());
+  CHECK(SplitUrls("  http://a:8002  https://b/\tfile:///srv ") ==
+        std::vector<std::string>{"http://a:8002", "https://b/", "file:///srv"});
+  Config c;
+  CHECK(c.debuginfod_urls.empty());  // off by default
+  CHECK(c.debuginfod_cache_dir == "/var/cache/parascope/debuginfod");
+  CHECK(c.debuginfod_cache_max_bytes == int64_t{1} << 30);
+  c.debuginfod_urls = SplitUrls("http://a:8002 https://b");
+  CHECK(c.Validate().ok());
+  c.debuginfod_urls = {"http://a", "debuginfod.example.org"};
+  CHECK(absl::StartsWith(c.Validate().message(), "--debuginfod-urls: 'debuginfod.example.org'"));
+  c.debuginfod_urls = {"http://a"};
+  c.symbolize_server = true;
+  CHECK(absl::StartsWith(c.Validate().message(), "--debuginfod-urls:"));
+  c = Config();
+  c.debuginfod_cache_dir = "cache";
+  CHECK(absl::StartsWith(c.Validate().message(), "--debuginfod-cache-dir:"));
+  c = Config();
+  c.debuginfod_cache_max_bytes = 1000;
+  CHECK(absl::StartsWith(c.Validate().message(), "--debuginfod-cache-max-bytes:"));
+  c.debuginfod_cache_max_bytes = 1 << 20;
+  CHECK(c.Validate().ok());
+  c.debug_dirs = {"/usr/lib/debug", "debug"};
+  CHECK(absl::StartsWith(c.Validate().message(), "--debug-dirs:"));
+}
+
 TEST_CASE("ParsePidList", "[config]") {
   CHECK(*ParsePidList("") == std::vector<uint32_t>{});
   CHECK(*ParsePidList("1,23,456") == std::vector<uint32_t>{1, 23, 456});
