@@ -284,6 +284,9 @@ class AgentMetrics {
     symbol_cache_bytes_ = &registry->GetGauge(
         "parascope_symbol_cache_bytes",
         "Bytes held by the cross-window cache of symbolized user addresses (by build id).");
+    kallsyms_reloads_ = &registry->GetCounter(
+        "parascope_kallsyms_reloads_total",
+        "Reloads of /proc/kallsyms after modules or BPF programs were loaded or unloaded.");
     symbol_cache_evictions_ = &registry->GetCounter(
         "parascope_symbol_cache_evictions_total",
         "Symbolized addresses dropped from that cache to respect its byte bound.");
@@ -301,8 +304,10 @@ class AgentMetrics {
     window_cpu_[1] = build_ns / 1e9;
     window_cpu_[2] = export_ns / 1e9;
   }
-  void UpdateProcesses(const proc::ProcessTable& t, const SymbolizerStats& ss,
-                       const symbolize::SymbolCache& symbols) {
+  void UpdateProcesses(const proc::ProcessTable& t, const StackSymbolizer& symbolizer) {
+    const SymbolizerStats& ss = symbolizer.stats();
+    const symbolize::SymbolCache& symbols = symbolizer.symbol_cache();
+    Advance(kallsyms_reloads_, symbolizer.kallsyms_reloads(), &last_kallsyms_reloads_);
     pinned_files_->Set(static_cast<double>(t.pinned_files()));
     symbol_cache_bytes_->Set(static_cast<double>(symbols.bytes()));
     Advance(symbol_cache_evictions_, symbols.evictions(), &last_symbol_evictions_);
@@ -353,10 +358,11 @@ class AgentMetrics {
   server::CounterFamily *stacks_lost_, *symbolization_misses_;
   server::Gauge *processes_ = nullptr, *thread_states_ = nullptr, *pinned_files_ = nullptr,
                 *symbol_cache_bytes_ = nullptr;
-  server::Counter *snapshots_ = nullptr, *symbol_cache_evictions_ = nullptr;
+  server::Counter *snapshots_ = nullptr, *symbol_cache_evictions_ = nullptr,
+                  *kallsyms_reloads_ = nullptr;
   server::CounterFamily* frames_by_source_;
   std::atomic<double> window_cpu_[3] = {0, 0, 0};
-  uint64_t last_symbol_evictions_ = 0;
+  uint64_t last_symbol_evictions_ = 0, last_kallsyms_reloads_ = 0;
   uint64_t last_snapshots_ = 0, last_dwarf_ = 0, last_debug_sym_ = 0, last_jit_ = 0;
   ProfileStats last_;
   SymbolizerStats last_ss_;
@@ -552,6 +558,11 @@ absl::Status RunAgent(const Config& config) {
   const int64_t unix_minus_mono = RealtimeNowNs() - MonotonicNowNs();
   symbolize::ElfCache elf_cache;
   StackSymbolizer symbolizer(&processes, &elf_cache, kallsyms.get());
+  // Modules and BPF programs loaded later (other tools' programs, the agent's own) get names:
+  // checked every 10 s, kallsyms reloaded only when the set changed.
+  if (kallsyms != nullptr) {
+    symbolizer.EnableKallsymsRefresh("/proc/kallsyms", "/proc/modules", 10000000000);
+  }
   symbolize::DebugSearch debug_search;
   debug_search.debug_dirs = config.debug_dirs;
   debug_search.debuginfod = debuginfod.get();
@@ -697,7 +708,7 @@ absl::Status RunAgent(const Config& config) {
     ++windows;
     metrics.Update(profile_set.stats(), symbolizer.stats(), bpf->map_stats(), processes.size(),
                    profiles_written, export_errors);
-    metrics.UpdateProcesses(processes, symbolizer.stats(), symbolizer.symbol_cache());
+    metrics.UpdateProcesses(processes, symbolizer);
     metrics.SetWindowCpu(cpu_drained - cpu0, cpu_build, cpu_export);
     Log(LogLevel::kDebug,
         "window %d: %d on-CPU records, %d off-CPU records, %d processes, %d profiles; agent "

@@ -1,5 +1,7 @@
 #include "agent/symbolize/stack_symbolizer.h"
 
+#include <linux/bpf.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -9,6 +11,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "agent/collect/window_clock.h"
+#include "agent/proc/read_file.h"
 #include "agent/symbolize/debuginfod.h"
 
 namespace parascope {
@@ -21,12 +25,41 @@ StackSymbolizer::StackSymbolizer(proc::ProcessTable* processes, symbolize::ElfCa
       perf_maps_(processes),
       symbols_(symbol_cache_bytes),
       no_lines_(std::make_shared<const symbolize::FrameLines>()) {
+  SetKernelMapping();
+}
+
+void StackSymbolizer::SetKernelMapping() {
   symbolize::FrameMapping kernel;
   kernel.filename = kKernelMapping;
   kernel.start = kallsyms_ ? kallsyms_->min_address() : 0;
   kernel.limit = std::numeric_limits<uint64_t>::max();
   kernel.has_functions = kallsyms_ != nullptr && kallsyms_->size() > 0;
   kernel_mapping_ = std::make_shared<const symbolize::FrameMapping>(std::move(kernel));
+}
+
+void StackSymbolizer::EnableKallsymsRefresh(std::string kallsyms_path, std::string modules_path,
+                                            int64_t min_interval_ns) {
+  kallsyms_path_ = std::move(kallsyms_path);
+  modules_path_ = std::move(modules_path);
+  refresh_interval_ns_ = min_interval_ns;
+  last_refresh_check_ns_ = MonotonicNowNs();
+  kernel_signature_ = KernelSignature();
+}
+
+uint64_t StackSymbolizer::KernelSignature() const {
+  absl::StatusOr<std::string> modules = proc::ReadFileToString(modules_path_);
+  std::vector<uint32_t> prog_ids;
+  uint32_t id = 0;
+  // Bounded: at most 65536 programs are counted (a host has tens to hundreds).
+  // The raw syscall: this library does not link libbpf.
+  while (prog_ids.size() < 65536) {
+    union bpf_attr attr {};
+    attr.start_id = id;
+    if (syscall(__NR_bpf, BPF_PROG_GET_NEXT_ID, &attr, sizeof(attr)) != 0) break;  // ENOENT: done
+    id = attr.next_id;
+    prog_ids.push_back(id);
+  }
+  return absl::HashOf(modules.ok() ? *modules : std::string(), prog_ids);
 }
 
 void StackSymbolizer::SetDwarf(symbolize::DwarfCache* dwarf, int64_t budget_ns,
@@ -283,6 +316,27 @@ std::shared_ptr<symbolize::DwarfFile> StackSymbolizer::DwarfFor(const proc::Proc
 }
 
 void StackSymbolizer::EndWindow() {
+  if (refresh_interval_ns_ >= 0) {
+    const int64_t now = MonotonicNowNs();
+    if (now - last_refresh_check_ns_ >= refresh_interval_ns_) {
+      last_refresh_check_ns_ = now;
+      const uint64_t signature = KernelSignature();
+      if (signature != kernel_signature_) {
+        absl::StatusOr<symbolize::Kallsyms> k = symbolize::Kallsyms::Load(kallsyms_path_);
+        if (k.ok()) {
+          kernel_signature_ = signature;
+          refreshed_ = std::make_unique<const symbolize::Kallsyms>(*std::move(k));
+          kallsyms_ = refreshed_.get();
+          kernel_memo_.clear();
+          SetKernelMapping();
+          ++kallsyms_reloads_;
+        } else {
+          kallsyms_log_.Log(LogLevel::kWarning, "kallsyms: reload of %s failed: %s",
+                            kallsyms_path_, k.status().ToString());
+        }
+      }
+    }
+  }
   dwarf_spent_ns_ = 0;
   window_elfs_.clear();
   window_mappings_.clear();

@@ -83,6 +83,18 @@ class StackSymbolizer {
   // Kernel frames (kallsyms) and JIT frames (perf maps) are still named: no server can.
   void SetServerSide(bool server_side) { server_side_ = server_side; }
 
+  // Kernel symbols that appear while the agent runs: modules loaded since, and BPF programs
+  // loaded since (a new program lands in a bpf_prog_pack next to older ones, so a stale table
+  // would name it as its neighbour). When enabled, EndWindow checks at most every
+  // min_interval_ns a signature of `modules_path` (/proc/modules) and of the ids of the loaded
+  // BPF programs (bpf(2) BPF_PROG_GET_NEXT_ID, needs CAP_SYS_ADMIN; man 2 bpf), and reloads
+  // `kallsyms_path` when it changed (a 6.x kernel's ~50-100 ms of CPU, so only then). A failed
+  // reload keeps the old symbols (logged at a bounded rate).
+  void EnableKallsymsRefresh(std::string kallsyms_path, std::string modules_path,
+                             int64_t min_interval_ns);
+  // Reloads of kallsyms done by the refresh.
+  uint64_t kallsyms_reloads() const { return kallsyms_reloads_; }
+
   // Forgets the per-window file lookups (files may be replaced between windows).
   void EndWindow();
 
@@ -114,6 +126,17 @@ class StackSymbolizer {
   int64_t dwarf_spent_ns_ = 0;  // this window
   bool server_side_ = false;
   RateLimitedLog elf_errors_log_;
+  // The kernel Mapping for the current kallsyms_.
+  void SetKernelMapping();
+  // The signature the refresh compares (0 when nothing could be read).
+  uint64_t KernelSignature() const;
+  std::unique_ptr<const symbolize::Kallsyms> refreshed_;  // kallsyms_ after a reload
+  std::string kallsyms_path_, modules_path_;
+  int64_t refresh_interval_ns_ = -1;  // < 0: refresh off
+  int64_t last_refresh_check_ns_ = 0;
+  uint64_t kernel_signature_ = 0;
+  uint64_t kallsyms_reloads_ = 0;
+  RateLimitedLog kallsyms_log_;
   std::shared_ptr<const symbolize::FrameMapping> kernel_mapping_;
   std::shared_ptr<const symbolize::FrameLines> no_lines_;
   // Kernel symbols by looked-up address (at most kMaxKernelMemo, then cleared).
