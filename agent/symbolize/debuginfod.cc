@@ -38,6 +38,40 @@ absl::Status MakeDirs(const std::string& path) {
   return absl::OkStatus();
 }
 
+// The size bound deletes build-id directories in the cache: a directory is used only if it is
+// empty or already carries our marker file (so --debuginfod-cache-dir=/usr/lib/debug/.build-id
+// or a directory of other data is refused, never trimmed). Errors: FailedPrecondition naming
+// the directory; errno statuses of opendir/open.
+absl::Status ClaimCacheDir(const std::string& dir) {
+  const std::string marker = dir + "/" + kCacheMarker;
+  struct stat st {};
+  if (lstat(marker.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) {
+      return absl::FailedPreconditionError(absl::StrCat(marker, " is not a regular file"));
+    }
+    return absl::OkStatus();
+  }
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return ErrnoStatus(errno, absl::StrCat("opendir ", dir));
+  bool empty = true;
+  while (dirent* e = readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+      empty = false;
+      break;
+    }
+  }
+  closedir(d);
+  if (!empty) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "debuginfod cache directory ", dir, " is not empty and was not made by parascope (no ",
+        kCacheMarker, "): choose an empty or new directory, as its size bound deletes files"));
+  }
+  int fd = open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot create ", marker));
+  close(fd);
+  return absl::OkStatus();
+}
+
 int64_t TimespecNs(const timespec& t) {
   return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
 }
@@ -70,7 +104,9 @@ CacheBound BoundDebuginfodCache(const std::string& cache_dir, int64_t max_bytes)
       out.bytes += static_cast<uint64_t>(st.st_size);
       continue;
     }
-    if (!S_ISDIR(st.st_mode) || !IsBuildIdHex(name)) continue;
+    // Only directories named like a build id of at least 64 bits (GNU ld's shortest, --build-id
+    // =uuid: 16 bytes; md5/sha1 give 16/20): nothing else in the directory is ours to delete.
+    if (!S_ISDIR(st.st_mode) || !IsBuildIdHex(name) || name.size() < 16) continue;
     BuildIdDir b;
     b.name = name;
     // Not the directory's atime: reading the directory (this scan) may update it (relatime).
@@ -111,7 +147,12 @@ CacheBound BoundDebuginfodCache(const std::string& cache_dir, int64_t max_bytes)
             files.push_back(f->d_name);
           }
         }
-        for (const std::string& f : files) (void)unlinkat(sub, f.c_str(), 0);
+        for (const std::string& f : files) {
+          struct stat fst {};
+          if (fstatat(sub, f.c_str(), &fst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(fst.st_mode)) {
+            (void)unlinkat(sub, f.c_str(), 0);
+          }
+        }
         closedir(sd);  // closes sub
       } else {
         close(sub);
@@ -133,6 +174,7 @@ absl::StatusOr<std::unique_ptr<Debuginfod>> Debuginfod::Create(DebuginfodOptions
         absl::StrCat("debuginfod: cache directory '", options.cache_dir, "' is not absolute"));
   }
   PS_RETURN_IF_ERROR(MakeDirs(options.cache_dir));
+  PS_RETURN_IF_ERROR(ClaimCacheDir(options.cache_dir));
   // libdebuginfod 0.188 has no API for these (debuginfod.h): each debuginfod_find_* call reads
   // them with getenv(3). Set before any thread of ours runs (class comment).
   const int64_t stall_s = std::max<int64_t>(1, absl::ToInt64Seconds(options.stall_timeout));
@@ -213,7 +255,16 @@ std::string Debuginfod::Lookup(absl::string_view build_id) {
   // was not reported); the file is verified by its build id by the caller either way.
   if (path.empty()) path = absl::StrCat(options_.cache_dir, "/", build_id, "/debuginfo");
   struct stat st {};
-  if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return "";
+  if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+    // A fetched file the size bound (or someone) deleted since: forget it was fetched, so that
+    // a later Request fetches it again.
+    std::lock_guard<std::mutex> l(mu_);
+    if (auto it = known_.find(build_id);
+        it != known_.end() && it->second.state == State::kFetched) {
+      known_.erase(it);
+    }
+    return "";
+  }
   const timespec times[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};  // atime now, mtime kept
   (void)utimensat(AT_FDCWD, path.c_str(), times, 0);
   return path;

@@ -75,6 +75,9 @@ struct DebuginfodStats {
 // DEBUGINFOD_CACHE_PATH, DEBUGINFOD_TIMEOUT and DEBUGINFOD_MAXSIZE are read by each
 // debuginfod_find_* call). Create therefore setenv(3)s them, which is only safe before other
 // threads run: create it first, and have one at a time per process.
+// Marker file Create puts in the cache directory (and requires there when it is not empty).
+inline constexpr char kCacheMarker[] = ".parascope-debuginfod-cache";
+
 class Debuginfod {
  public:
   // Creates the cache directory, sets libdebuginfod's environment, starts the thread (which first

@@ -461,11 +461,18 @@ std::shared_ptr<DwarfFile> DwarfCache::Get(const std::string& key, const std::st
                            debuginfod->Fetched(f->awaiting_debuginfod()) &&
                            !debuginfod->Lookup(f->awaiting_debuginfod()).empty();
       if (!fetched) {
+        // Still waiting (a fetch that failed, or a request dropped on a full queue): asked
+        // again at most once a window; Debuginfod's retry interval limits the network.
+        if (it->second->last_used_window != window_ && debuginfod != nullptr && f != nullptr &&
+            !f->awaiting_debuginfod().empty()) {
+          debuginfod->Request(f->awaiting_debuginfod());
+        }
         lru_.splice(lru_.begin(), lru_, it->second);
         it->second->last_used_window = window_;
         if (f != nullptr && f->closed()) (void)f->Reopen(open_path);  // results stay if not
         return f;
       }
+      if (replaced_.size() < 1024) replaced_.push_back(f->awaiting_debuginfod());
       lru_.erase(it->second);
       index_.erase(it);
     }
@@ -483,6 +490,11 @@ std::shared_ptr<DwarfFile> DwarfCache::Get(const std::string& key, const std::st
     lru_.pop_back();
   }
   return file;
+}
+
+std::vector<std::string> DwarfCache::TakeReplaced() {
+  std::lock_guard<std::mutex> l(mu_);
+  return std::exchange(replaced_, {});
 }
 
 void DwarfCache::EndWindow() {

@@ -146,6 +146,9 @@ class DwarfCache {
   std::shared_ptr<DwarfFile> Get(const std::string& key, const std::string& open_path,
                                  const std::string& seen_dir, const std::string& process_dir);
   size_t size() const;
+  // Build ids of the files Get opened afresh since the last call because their debug file
+  // arrived from debuginfod (at most 1024 kept): results made without it are stale.
+  std::vector<std::string> TakeReplaced();
   // Closes every file's libdwfl handle (the mapped binaries and debug files, libdw's caches: the
   // bulk of the memory) and forgets the files not used during the last two windows; results of
   // the others stay for the next window.
@@ -163,6 +166,7 @@ class DwarfCache {
   mutable std::mutex mu_;
   std::list<Entry> lru_;
   absl::flat_hash_map<std::string, std::list<Entry>::iterator> index_;
+  std::vector<std::string> replaced_;
 };
 
 }  // namespace parascope::symbolize

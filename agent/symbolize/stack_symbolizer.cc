@@ -24,7 +24,8 @@ StackSymbolizer::StackSymbolizer(proc::ProcessTable* processes, symbolize::ElfCa
       kallsyms_(kallsyms),
       perf_maps_(processes),
       symbols_(symbol_cache_bytes),
-      no_lines_(std::make_shared<const symbolize::FrameLines>()) {
+      no_lines_(std::make_shared<const symbolize::FrameLines>()),
+      window_start_ns_(MonotonicNowNs()) {
   SetKernelMapping();
 }
 
@@ -180,6 +181,8 @@ symbolize::CachedSymbol StackSymbolizer::Lookup(const proc::ProcessKey& process,
     } else {
       const int64_t t0 = ThreadCpuNow();
       std::shared_ptr<symbolize::DwarfFile> dw = DwarfFor(process, m, elf);
+      // Binaries whose debug file arrived: their cached results were made without it.
+      for (const std::string& id : dwarf_->TakeReplaced()) symbols_.EraseBinary("b:" + id);
       const bool has_dwarf = dw != nullptr && dw->HasDwarf();  // runs the debug file search
       // A debug file on its way from debuginfod, or fetched since this DwarfFile was opened:
       // this result, made without it, is for this window only (DwarfCache opens the binary
@@ -254,10 +257,9 @@ symbolize::Frame StackSymbolizer::UserFrame(const proc::ProcessKey& process, uin
   if (elf != nullptr) vaddr = elf->FileOffsetToVaddr(lookup_ip - m->start + m->offset);
   // The Mapping: once per process image, mapping and window.
   const auto mapping_key = std::make_tuple(process.tgid, process.start_boot_ns, process.exec_id,
-                                           m->start);
+                                           m->start, m->end, m->offset, m->inode);
   auto mit = window_mappings_.find(mapping_key);
-  if (mit == window_mappings_.end() || mit->second->limit - mit->second->start !=
-                                           m->end - m->start) {
+  if (mit == window_mappings_.end()) {
     auto mapping = std::make_shared<symbolize::FrameMapping>();
     mapping->start = m->start;
     mapping->limit = m->end;
@@ -275,18 +277,28 @@ symbolize::Frame StackSymbolizer::UserFrame(const proc::ProcessKey& process, uin
         }
       }
     }
-    mit = window_mappings_.insert_or_assign(mapping_key, std::move(mapping)).first;
+    if (window_mappings_.size() >= kMaxWindowMappings) window_mappings_.clear();
+    mit = window_mappings_.emplace(mapping_key, std::move(mapping)).first;
   }
   const std::shared_ptr<const symbolize::FrameMapping>& mapping = mit->second;
   if (elf == nullptr || !vaddr) {
     if (elf != nullptr) ++stats_.no_symbol;
+    if (server_side_ && !mapping->has_functions) {
+      // No ELF address for this pc (outside the file's segments): the process-relative
+      // Mapping, since the Location keeps the process address.
+      auto own = std::make_shared<symbolize::FrameMapping>(*mapping);
+      own->start = m->start;
+      own->limit = m->end;
+      own->has_functions = true;
+      return {ip, std::move(own), no_lines_};
+    }
     return {ip, mapping, no_lines_};
   }
   if (server_side_ && !mapping->has_functions) return {*vaddr, mapping, no_lines_};
   const std::string binary = !elf->build_id().empty()
                                  ? absl::StrCat("b:", elf->build_id())
                                  : absl::StrCat("i:", elf->instance_id());
-  if (const symbolize::CachedSymbol* hit = symbols_.Find(binary, *vaddr)) {
+  if (const symbolize::CachedSymbol* hit = symbols_.Find(binary, *vaddr, window_start_ns_)) {
     Count(hit->source);
     return {ip, mapping, hit->lines};
   }
@@ -294,7 +306,14 @@ symbolize::Frame StackSymbolizer::UserFrame(const proc::ProcessKey& process, uin
   symbolize::CachedSymbol found = Lookup(process, m, *elf, *vaddr, &cacheable);
   Count(found.source);
   symbolize::Frame frame{ip, mapping, found.lines};
-  if (cacheable) symbols_.Insert(binary, *vaddr, std::move(found));
+  if (cacheable) {
+    // With debug info on, a name without DWARF is looked up again after a while: a debug file
+    // may be installed (or fetched) since.
+    if (dwarf_ != nullptr && found.source != symbolize::SymbolSource::kDwarf) {
+      found.expires_ns = window_start_ns_ + kNoDwarfTtlNs;
+    }
+    symbols_.Insert(binary, *vaddr, std::move(found));
+  }
   return frame;
 }
 
@@ -316,6 +335,7 @@ std::shared_ptr<symbolize::DwarfFile> StackSymbolizer::DwarfFor(const proc::Proc
 }
 
 void StackSymbolizer::EndWindow() {
+  window_start_ns_ = MonotonicNowNs();
   if (refresh_interval_ns_ >= 0) {
     const int64_t now = MonotonicNowNs();
     if (now - last_refresh_check_ns_ >= refresh_interval_ns_) {

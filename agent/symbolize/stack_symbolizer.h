@@ -150,10 +150,17 @@ class StackSymbolizer {
   absl::flat_hash_map<std::tuple<uint8_t, uint64_t, uint64_t, uint64_t>,
                       std::shared_ptr<const symbolize::ElfFile>>
       window_elfs_;
-  // Mappings made this window, by (tgid, start ns, exec id, mapping start).
-  absl::flat_hash_map<std::tuple<uint32_t, uint64_t, uint32_t, uint64_t>,
+  // Mappings made this window, by (tgid, start ns, exec id, mapping start, end, offset, inode);
+  // at most kMaxWindowMappings, then cleared.
+  static constexpr size_t kMaxWindowMappings = 65536;
+  absl::flat_hash_map<std::tuple<uint32_t, uint64_t, uint32_t, uint64_t, uint64_t, uint64_t,
+                                 uint64_t>,
                       std::shared_ptr<const symbolize::FrameMapping>>
       window_mappings_;
+  // Monotonic ns of the current window's start (set by EndWindow; 0 before the first).
+  int64_t window_start_ns_ = 0;
+  // How long a name without DWARF stays cached while DWARF is enabled (10 min).
+  static constexpr int64_t kNoDwarfTtlNs = int64_t{600} * 1000000000;
 };
 
 }  // namespace parascope

@@ -10,8 +10,16 @@ size_t MemoryBytes(const FrameLines& lines) {
   return n;
 }
 
-const CachedSymbol* SymbolCache::Find(const std::string& binary, uint64_t vaddr) {
+const CachedSymbol* SymbolCache::Find(const std::string& binary, uint64_t vaddr,
+                                      int64_t now_ns) {
   auto it = index_.find(Key{binary, vaddr});
+  if (it != index_.end() && it->second->symbol.expires_ns != 0 &&
+      now_ns >= it->second->symbol.expires_ns) {
+    bytes_ -= it->second->bytes;
+    lru_.erase(it->second);
+    index_.erase(it);
+    it = index_.end();
+  }
   if (it == index_.end()) {
     ++misses_;
     return nullptr;
@@ -19,6 +27,18 @@ const CachedSymbol* SymbolCache::Find(const std::string& binary, uint64_t vaddr)
   ++hits_;
   lru_.splice(lru_.begin(), lru_, it->second);
   return &it->second->symbol;
+}
+
+void SymbolCache::EraseBinary(const std::string& binary) {
+  for (auto it = lru_.begin(); it != lru_.end();) {
+    if (it->key.binary == binary) {
+      bytes_ -= it->bytes;
+      index_.erase(it->key);
+      it = lru_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void SymbolCache::Insert(const std::string& binary, uint64_t vaddr, CachedSymbol symbol) {

@@ -26,6 +26,9 @@ enum class SymbolSource : uint8_t {
 struct CachedSymbol {
   std::shared_ptr<const FrameLines> lines;  // never null; empty when source is kNone
   SymbolSource source = SymbolSource::kNone;
+  // Monotonic ns after which the entry is looked up again (0: never). For results that a debug
+  // file installed later (a -dbgsym package, a debuginfod fetch) would improve.
+  int64_t expires_ns = 0;
 };
 
 // A bounded LRU map (binary, ELF virtual address) -> CachedSymbol.
@@ -41,8 +44,11 @@ class SymbolCache {
   static constexpr size_t kDefaultMaxBytes = size_t{16} << 20;  // 16 MiB
   explicit SymbolCache(size_t max_bytes = kDefaultMaxBytes) : max_bytes_(max_bytes) {}
 
-  // The cached result, made most recently used; null on a miss.
-  const CachedSymbol* Find(const std::string& binary, uint64_t vaddr);
+  // The cached result, made most recently used; null on a miss. An entry expired at now_ns
+  // (monotonic) is dropped and misses.
+  const CachedSymbol* Find(const std::string& binary, uint64_t vaddr, int64_t now_ns = 0);
+  // Drops every entry of `binary` (O(entries); for the rare event of its debug file arriving).
+  void EraseBinary(const std::string& binary);
   // Inserts (or replaces) a result and evicts to the bound. The newest entry is always kept.
   void Insert(const std::string& binary, uint64_t vaddr, CachedSymbol symbol);
 

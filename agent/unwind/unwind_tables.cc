@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <limits.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -473,6 +475,7 @@ UnwindService::UnwindService(std::unique_ptr<UnwindMaps> maps, Poller poll,
     : maps_(std::move(maps)),
       poll_(std::move(poll)),
       processes_(processes),
+      proc_root_(proc_root),
       tables_(maps_.get(), std::move(proc_root)) {}
 
 UnwindService::~UnwindService() { Stop(); }
@@ -523,15 +526,27 @@ bool AwaitsLibraries(const proc::ProcessInfo& info) {
 }
 }  // namespace
 
+void UnwindService::ScheduleFollowUp(const proc::ProcessInfo& snapshot, uint32_t tries,
+                                     int64_t now_ns) {
+  // ld.so maps the libraries in the image's first millisecond or so: the snapshot is taken
+  // again 1, 3 and 7 ms after the exec's (1 ms, then twice the previous wait).
+  constexpr int64_t kFollowUpNs = 1000000;
+  constexpr uint32_t kMaxFollowUpTries = 3;
+  if (!AwaitsLibraries(snapshot)) return;
+  if (tries >= kMaxFollowUpTries) return;  // ld.so is slow: the walker's requests take over
+  if (follow_ups_.size() >= kMaxFollowUps) {
+    ++follow_ups_dropped_;
+    return;
+  }
+  follow_ups_.push_back({snapshot.key, now_ns + (kFollowUpNs << tries), tries + 1,
+                         snapshot.exe_path});
+}
+
 void UnwindService::PollLoop() {
   // Snapshots for images that report unknown pcs (libraries loaded since): at once for the first
   // few (ld.so maps libc and friends right after exec), then at most every 0.2 s.
   constexpr int64_t kSnapshotRefreshNs = 200000000;
   constexpr uint32_t kQuickSnapshots = 4;
-  // Follow-ups of an exec snapshot taken before the libraries were mapped: ld.so maps them in
-  // the image's first millisecond or so; tried after 1, 2 and 4 ms.
-  constexpr int64_t kFollowUpNs = 1000000;
-  constexpr uint32_t kMaxFollowUpTries = 3;
   std::vector<ps_unwind_event> batch;
   while (!stop_) {
     batch.clear();
@@ -542,37 +557,49 @@ void UnwindService::PollLoop() {
                                                                             1000000));
     }
     int rc = poll_(timeout_ms, [&](const ps_unwind_event& e) { batch.push_back(e); });
-    // Due follow-ups join the batch as exec events of their image (a forced snapshot and load).
-    now = MonotonicNowNs();
-    std::vector<FollowUp> due;
-    for (size_t i = 0; i < follow_ups_.size();) {
-      if (follow_ups_[i].due_ns <= now) {
-        due.push_back(follow_ups_[i]);
-        follow_ups_[i] = follow_ups_.back();
-        follow_ups_.pop_back();
-      } else {
-        ++i;
-      }
-    }
-    absl::flat_hash_map<proc::ProcessKey, uint32_t> follow_up_tries;
-    for (const FollowUp& f : due) {
-      ps_unwind_event e{};
-      e.tgid = f.key.tgid;
-      e.kind = PS_UNWIND_EVENT_EXEC;
-      e.tgid_start_ns = f.key.start_boot_ns;
-      e.exec_id = f.key.exec_id;
-      batch.push_back(e);
-      follow_up_tries[f.key] = f.tries;
-    }
     if (rc < 0 && rc != -EINTR) {
       static RateLimitedLog log;
       log.Log(LogLevel::kWarning, "unwind: polling the table requests failed: %s",
               std::strerror(-rc));
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    if (batch.empty()) continue;
+    now = MonotonicNowNs();
+    // The latest image of each process, from the kernel's exec events: a follow-up of an older
+    // image is void (it would read the new image's maps under the old identity).
+    for (const ps_unwind_event& e : batch) {
+      if (e.kind != PS_UNWIND_EVENT_EXEC) continue;
+      if (latest_exec_.size() >= 65536) latest_exec_.clear();
+      latest_exec_[e.tgid] = e.exec_id;
+    }
     std::vector<Work> work;
     work.reserve(batch.size());
+    // Due follow-ups: a forced snapshot and load of their image, if it still runs the program
+    // it ran (its exe link unchanged, no later exec seen).
+    for (size_t i = 0; processes_ != nullptr && i < follow_ups_.size();) {
+      if (follow_ups_[i].due_ns > now) {
+        ++i;
+        continue;
+      }
+      FollowUp f = std::move(follow_ups_[i]);
+      follow_ups_[i] = std::move(follow_ups_.back());
+      follow_ups_.pop_back();
+      auto latest = latest_exec_.find(f.key.tgid);
+      if (latest != latest_exec_.end() && latest->second != f.key.exec_id) continue;
+      char exe[PATH_MAX];
+      const std::string link = absl::StrCat(proc_root_, "/", f.key.tgid, "/exe");
+      const ssize_t n = readlink(link.c_str(), exe, sizeof(exe));
+      if (n <= 0 || absl::string_view(exe, n) != f.exe_path) continue;
+      auto snap = processes_->Snapshot(f.key);
+      if (!snap.ok()) continue;
+      Work w{{}, *std::move(snap)};
+      w.event.tgid = f.key.tgid;
+      w.event.kind = kFollowUpEvent;
+      w.event.tgid_start_ns = f.key.start_boot_ns;
+      w.event.exec_id = f.key.exec_id;
+      ScheduleFollowUp(*w.snapshot, f.tries, now);
+      work.push_back(std::move(w));
+    }
+    if (batch.empty() && work.empty()) continue;
     for (const ps_unwind_event& e : batch) {
       Work w{e, nullptr};
       if (processes_ != nullptr) {
@@ -595,18 +622,7 @@ void UnwindService::PollLoop() {
               s.ok() ? absl::StrCat((*s)->maps.size(), " mappings") : s.status().ToString());
           if (s.ok()) {
             w.snapshot = *std::move(s);
-            if (e.kind == PS_UNWIND_EVENT_EXEC && AwaitsLibraries(*w.snapshot)) {
-              auto t = follow_up_tries.find(key);
-              const uint32_t tries = t == follow_up_tries.end() ? 0 : t->second;
-              if (tries >= kMaxFollowUpTries) {
-                // ld.so is slow (or the program maps nothing): the walker's unknown-pc
-                // requests take over.
-              } else if (follow_ups_.size() >= kMaxFollowUps) {
-                ++follow_ups_dropped_;
-              } else {
-                follow_ups_.push_back({key, now + (kFollowUpNs << tries), tries + 1});
-              }
-            }
+            if (e.kind == PS_UNWIND_EVENT_EXEC) ScheduleFollowUp(*w.snapshot, 0, now);
           }
         }
       }
@@ -652,11 +668,14 @@ void UnwindService::TableLoop() {
         continue;
       }
       if (auto it = retry_after_.find(e.tgid); it != retry_after_.end()) {
-        if (now < it->second && e.kind != PS_UNWIND_EVENT_EXEC) continue;
+        if (now < it->second && e.kind != PS_UNWIND_EVENT_EXEC && e.kind != kFollowUpEvent) {
+          continue;
+        }
         retry_after_.erase(it);
       }
       // After an exec the old image's mappings are wrong: reload whatever the rate.
-      const bool load = e.kind == PS_UNWIND_EVENT_EXEC || e.kind == PS_UNWIND_EVENT_NEW_PROCESS ||
+      const bool load = e.kind == PS_UNWIND_EVENT_EXEC || e.kind == kFollowUpEvent ||
+                        e.kind == PS_UNWIND_EVENT_NEW_PROCESS ||
                         tables_.RefreshDue(e.tgid, ticks, now, kRefreshNs);
       if (!load) continue;
       // The snapshot (read when the event arrived) is used if it is this image's; a later

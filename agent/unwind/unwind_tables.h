@@ -218,6 +218,7 @@ class UnwindService {
   std::unique_ptr<UnwindMaps> maps_;
   Poller poll_;
   proc::ProcessTable* processes_;
+  const std::string proc_root_;
   mutable std::mutex mu_;
   UnwindTables tables_;
   std::atomic<bool> stop_{false};
@@ -238,8 +239,15 @@ class UnwindService {
   struct FollowUp {
     proc::ProcessKey key;
     int64_t due_ns;
-    uint32_t tries;
+    uint32_t tries;        // follow-ups of this image so far, this one included
+    std::string exe_path;  // the exec snapshot's /proc/<tgid>/exe
   };
+  // Queues the next follow-up of `snapshot` if its libraries are still missing.
+  void ScheduleFollowUp(const proc::ProcessInfo& snapshot, uint32_t tries, int64_t now_ns);
+  // Work of a due follow-up (never sent by BPF: bpf/abi.h PS_UNWIND_EVENT_* are small).
+  static constexpr uint32_t kFollowUpEvent = 0x100;
+  // Each process's latest exec id from exec events (at most 65536, then forgotten).
+  absl::flat_hash_map<uint32_t, uint32_t> latest_exec_;
   static constexpr size_t kMaxFollowUps = 4096;
   std::vector<FollowUp> follow_ups_;
   uint64_t follow_ups_dropped_ = 0;

@@ -23,6 +23,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/symbolize/dwarf.h"
@@ -185,9 +186,9 @@ std::string Id(int n) { return absl::StrCat("ab", std::string(36, '0'), n % 10, 
 TEST_CASE("BoundDebuginfodCache deletes least recently used build-id directories first",
           "[debuginfod]") {
   TempDir dir;
-  WriteEntry(dir.path(), "aa01", 1000, 300);  // oldest
-  WriteEntry(dir.path(), "aa02", 1000, 200);
-  WriteEntry(dir.path(), "aa03", 1000, 100);                         // newest
+  WriteEntry(dir.path(), "aa010000000000000000", 1000, 300);  // oldest
+  WriteEntry(dir.path(), "aa020000000000000000", 1000, 200);
+  WriteEntry(dir.path(), "aa030000000000000000", 1000, 100);                         // newest
   std::ofstream(dir.path() + "/cache_clean_interval_s") << "86400";  // libdebuginfod's, 5 bytes
   fs::create_directories(dir.path() + "/not-a-build-id");
   std::ofstream(dir.path() + "/not-a-build-id/x") << std::string(5000, 'y');
@@ -200,23 +201,28 @@ TEST_CASE("BoundDebuginfodCache deletes least recently used build-id directories
   b = BoundDebuginfodCache(dir.path(), 3004);
   CHECK(b.bytes == 2005);
   CHECK(b.evicted == 1);
-  CHECK_FALSE(fs::exists(dir.path() + "/aa01"));
-  CHECK(fs::exists(dir.path() + "/aa02/debuginfo"));
+  CHECK_FALSE(fs::exists(dir.path() + "/aa010000000000000000"));
+  CHECK(fs::exists(dir.path() + "/aa020000000000000000/debuginfo"));
   CHECK(fs::exists(dir.path() + "/cache_clean_interval_s"));
   CHECK(fs::exists(dir.path() + "/not-a-build-id/x"));
   // A recent use (atime) makes the older directory the newer one.
-  const std::string used = dir.path() + "/aa02/debuginfo";
+  const std::string used = dir.path() + "/aa020000000000000000/debuginfo";
   const timespec now[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
   REQUIRE(utimensat(AT_FDCWD, used.c_str(), now, 0) == 0);
   b = BoundDebuginfodCache(dir.path(), 1500);
   CHECK(b.bytes == 1005);
   CHECK(b.evicted == 1);
   CHECK(fs::exists(used));
-  CHECK_FALSE(fs::exists(dir.path() + "/aa03"));
+  CHECK_FALSE(fs::exists(dir.path() + "/aa030000000000000000"));
   // A bound below every file: all build-id directories go.
   b = BoundDebuginfodCache(dir.path(), 0);
   CHECK(b.bytes == 5);
   CHECK(b.evicted == 1);
+  // Short hex names (other data, e.g. a .build-id/xx tree) are never deleted.
+  WriteEntry(dir.path(), "cafe", 1000, 400);
+  b = BoundDebuginfodCache(dir.path(), 0);
+  CHECK(b.evicted == 0);
+  CHECK(fs::exists(dir.path() + "/cafe/debuginfo"));
   // A missing directory is empty.
   b = BoundDebuginfodCache(dir.path() + "/missing", 0);
   CHECK(b.bytes == 0);
@@ -225,8 +231,9 @@ TEST_CASE("BoundDebuginfodCache deletes least recently used build-id directories
 
 TEST_CASE("Debuginfod applies the size bound to the cache it starts with", "[debuginfod]") {
   TempDir dir;
-  WriteEntry(dir.path(), "aa01", 600 << 10, 300);
-  WriteEntry(dir.path(), "aa02", 600 << 10, 200);
+  WriteEntry(dir.path(), "aa010000000000000000", 600 << 10, 300);
+  WriteEntry(dir.path(), "aa020000000000000000", 600 << 10, 200);
+  std::ofstream(dir.path() + "/" + kCacheMarker);  // made by an earlier run
   DebuginfodOptions o;
   o.urls = {absl::StrCat("http://127.0.0.1:", ClosedPort())};
   o.cache_dir = dir.path();
@@ -235,10 +242,10 @@ TEST_CASE("Debuginfod applies the size bound to the cache it starts with", "[deb
   REQUIRE(d.ok());
   CHECK(PollUntil([&] { return (*d)->stats().evictions == 1; }));
   CHECK((*d)->stats().cache_bytes == 600 << 10);
-  CHECK_FALSE(fs::exists(dir.path() + "/aa01"));
+  CHECK_FALSE(fs::exists(dir.path() + "/aa010000000000000000"));
   // What is on disk is found without a request.
-  CHECK((*d)->Lookup("aa02") == dir.path() + "/aa02/debuginfo");
-  CHECK((*d)->Lookup("aa01").empty());
+  CHECK((*d)->Lookup("aa020000000000000000") == dir.path() + "/aa020000000000000000/debuginfo");
+  CHECK((*d)->Lookup("aa010000000000000000").empty());
   CHECK((*d)->Lookup("../etc").empty());  // not a build id
 }
 
@@ -313,7 +320,8 @@ TEST_CASE("Debuginfod fetches from a debuginfod server and keeps the cache bound
       std::string(300 << 10, 'd');
   DebuginfodServer server(std::map<std::string, std::string>{{id, body}});
   TempDir dir;
-  WriteEntry(dir.path(), "aa01", 800 << 10, 300);  // old: evicted to make room
+  WriteEntry(dir.path(), "aa010000000000000000", 800 << 10, 300);  // old: evicted to make room
+  std::ofstream(dir.path() + "/" + kCacheMarker);  // made by an earlier run
   DebuginfodOptions o;
   o.urls = {server.url()};
   o.cache_dir = dir.path();
@@ -336,7 +344,7 @@ TEST_CASE("Debuginfod fetches from a debuginfod server and keeps the cache bound
   CHECK_FALSE((*d)->Request(id));      // fetched: never again
   DebuginfodStats s = (*d)->stats();
   CHECK(s.evictions == 1);
-  CHECK_FALSE(fs::exists(dir.path() + "/aa01"));
+  CHECK_FALSE(fs::exists(dir.path() + "/aa010000000000000000"));
   CHECK(s.cache_bytes <= uint64_t{1} << 20);
   CHECK(s.cache_bytes >= body.size());
   CHECK(s.errors == 0);
@@ -392,4 +400,27 @@ TEST_CASE("DwarfCache uses a debug file from debuginfod from the window after it
 }
 
 }  // namespace
+TEST_CASE("Debuginfod refuses a non-empty cache directory it did not make", "[debuginfod]") {
+  TempDir dir;
+  std::ofstream(dir.path() + "/precious") << "data";
+  DebuginfodOptions o;
+  o.urls = {absl::StrCat("http://127.0.0.1:", ClosedPort())};
+  o.cache_dir = dir.path();
+  auto d = Debuginfod::Create(o);
+  REQUIRE_FALSE(d.ok());
+  CHECK(absl::IsFailedPrecondition(d.status()));
+  CHECK(absl::StrContains(d.status().message(), dir.path()));
+  CHECK(fs::exists(dir.path() + "/precious"));
+  // An empty (or new) directory is claimed with the marker, and then accepted again.
+  TempDir fresh;
+  o.cache_dir = fresh.path() + "/cache";
+  {
+    auto first = Debuginfod::Create(o);
+    REQUIRE(first.ok());
+  }
+  CHECK(fs::exists(o.cache_dir + "/" + kCacheMarker));
+  std::ofstream(o.cache_dir + "/cache_clean_interval_s") << "86400";
+  CHECK(Debuginfod::Create(o).ok());
+}
+
 }  // namespace parascope::symbolize

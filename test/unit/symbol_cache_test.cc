@@ -53,5 +53,24 @@ TEST_CASE("symbol cache: bounded in bytes, least recently used evicted first", "
   CHECK(tiny.Find("b:aa", 2) != nullptr);
 }
 
+TEST_CASE("symbol cache: entries expire, and a binary's entries can be dropped", "[symbolize]") {
+  SymbolCache cache;
+  CachedSymbol expiring = Named("elf_only");
+  expiring.expires_ns = 1000;
+  cache.Insert("b:aa", 1, std::move(expiring));
+  cache.Insert("b:aa", 2, Named("f"));
+  cache.Insert("b:bb", 1, Named("g"));
+  CHECK(cache.Find("b:aa", 1, 999) != nullptr);
+  CHECK(cache.Find("b:aa", 1, 1000) == nullptr);  // expired: dropped
+  CHECK(cache.size() == 2);
+  CHECK(cache.Find("b:aa", 2, 1 << 30) != nullptr);  // 0 = never expires
+  const size_t bb_bytes = cache.bytes() / 2;
+  cache.EraseBinary("b:aa");
+  CHECK(cache.size() == 1);
+  CHECK(cache.Find("b:aa", 2) == nullptr);
+  CHECK(cache.Find("b:bb", 1) != nullptr);
+  CHECK(cache.bytes() == bb_bytes);
+}
+
 }  // namespace
 }  // namespace parascope::symbolize
