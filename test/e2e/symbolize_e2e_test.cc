@@ -237,7 +237,7 @@ TEST_CASE("debug info: separate debug files by debuglink and build id, MiniDebug
 // Template-heavy C++ (test/workloads/cxx_templates.cc, g++ -O2 -g): every hot function is named
 // by its demangled name, with the mangled symbol as the Function's system_name; two instances of
 // one member function template are two functions, sharing the CPU as the workload split it.
-TEST_CASE("demangled C++ templates: each instance its own function; lambdas and operators named",
+TEST_CASE("demangled C++ templates: each instance its own function, lambdas and operators named",
           "[root][symbolize]") {
   if (!RequireRoot()) return;
   const std::string bin = Workload("cxx_templates");
