@@ -21,6 +21,8 @@
 
 namespace parascope::testing {
 
+static int root_tests_skipped = 0;
+
 bool RequireRoot() {
   if (geteuid() == 0) return true;
   const char* ci = std::getenv("CI");
@@ -28,8 +30,11 @@ bool RequireRoot() {
     FAIL("this [root] test needs root (BPF, perf_event_open); CI=true forbids skipping it");
   }
   WARN("skipped: needs root (run `sudo make test`)");
+  ++root_tests_skipped;
   return false;
 }
+
+int RootTestsSkipped() { return root_tests_skipped; }
 
 Child::Child(const std::vector<std::string>& argv) {
   int in[2], out[2], err[2];

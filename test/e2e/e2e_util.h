@@ -15,6 +15,10 @@ namespace parascope::testing {
 // True when running as root. Otherwise: in CI (CI=true) a Catch2 FAIL, elsewhere a WARN and
 // false, so the caller returns (Catch2 v2 has no SKIP).
 bool RequireRoot();
+// [root] tests RequireRoot skipped in this run; root_main.cc then exits kSkippedExitCode, which
+// ctest shows as skipped (SKIP_RETURN_CODE), not as passed.
+int RootTestsSkipped();
+inline constexpr int kSkippedExitCode = 77;
 
 // A child process with its stdin, stdout and stderr on pipes.
 class Child {
