@@ -41,6 +41,50 @@ const MapEntry* ProcessInfo::FindMapping(uint64_t addr) const {
   return i < 0 ? nullptr : &maps[i];
 }
 
+namespace {
+
+// Bound on the mappings one image keeps across re-reads (a process that maps and unmaps code at
+// ever new addresses must not grow its entry without limit).
+constexpr size_t kMaxMergedMaps = 8192;
+
+// `primary`'s mappings and files, plus those of `secondary` that overlap none of primary's (while
+// the total stays within kMaxMergedMaps), sorted by start. Both inputs are sorted by start and
+// non-overlapping, so the result is too.
+void MergeMaps(const ProcessInfo& secondary, ProcessInfo* primary) {
+  std::vector<size_t> keep;
+  for (size_t k = 0; k < secondary.maps.size(); ++k) {
+    const MapEntry& m = secondary.maps[k];
+    // The first primary mapping ending after m.start is the only one that can overlap m first.
+    auto it = std::upper_bound(primary->maps.begin(), primary->maps.end(), m.start,
+                               [](uint64_t a, const MapEntry& p) { return a < p.end; });
+    if (it != primary->maps.end() && it->start < m.end) continue;
+    if (primary->maps.size() + keep.size() >= kMaxMergedMaps) break;
+    keep.push_back(k);
+  }
+  if (keep.empty()) return;
+  std::vector<MapEntry> maps;
+  std::vector<std::shared_ptr<const PinnedFile>> files;
+  maps.reserve(primary->maps.size() + keep.size());
+  files.reserve(maps.capacity());
+  size_t a = 0, b = 0;
+  while (a < primary->maps.size() || b < keep.size()) {
+    if (b == keep.size() ||
+        (a < primary->maps.size() && primary->maps[a].start < secondary.maps[keep[b]].start)) {
+      maps.push_back(std::move(primary->maps[a]));
+      files.push_back(std::move(primary->files[a]));
+      ++a;
+    } else {
+      maps.push_back(secondary.maps[keep[b]]);
+      files.push_back(keep[b] < secondary.files.size() ? secondary.files[keep[b]] : nullptr);
+      ++b;
+    }
+  }
+  primary->maps = std::move(maps);
+  primary->files = std::move(files);
+}
+
+}  // namespace
+
 ProcessTable::ProcessTable(std::string proc_root, size_t max_processes, size_t max_pinned_files)
     : proc_root_(std::move(proc_root)),
       max_processes_(std::max<size_t>(max_processes, 1)),
@@ -164,9 +208,18 @@ absl::StatusOr<std::shared_ptr<const ProcessInfo>> ProcessTable::Snapshot(const 
   std::lock_guard<std::mutex> l(mu_);
   ++snapshots_;
   failed_.erase(key);
+  // A re-snapshot of a known image keeps the earlier mappings it does not contradict: samples
+  // taken before a library was unmapped still need it, and an exiting process reads no mappings
+  // at all (do_exit releases the mm before the task is reaped, kernel/exit.c; /proc/<pid>/maps of
+  // a task without an mm is empty, fs/proc/task_mmu.c), which must not erase what its samples
+  // ran in.
+  if (auto it = entries_.find(key); it != entries_.end() && it->second->info != nullptr) {
+    MergeMaps(*it->second->info, info.get());
+  }
   // Earlier images of this process (before an exec) are done once idle.
   for (auto& [k, e] : entries_) {
-    if (k.tgid == key.tgid && k.start_boot_ns == key.start_boot_ns && k.exec_id != key.exec_id) {
+    if (k.tgid == key.tgid && k.start_boot_ns == key.start_boot_ns &&
+        static_cast<int32_t>(key.exec_id - k.exec_id) > 0) {
       e->superseded = true;
     }
   }
@@ -258,26 +311,10 @@ MappingRef ProcessTable::FindMapping(const ProcessKey& key, uint64_t addr) {
     // re-read cannot tell whether the process exec'ed since: /proc shows no exec id), and only
     // mappings that overlap none of them are added (a library loaded since), pinned now.
     auto fresh = std::make_shared<ProcessInfo>(*info);
-    for (MapEntry& m : *maps) {
-      bool overlaps = false;
-      for (const MapEntry& old : info->maps) overlaps |= m.start < old.end && old.start < m.end;
-      if (overlaps) continue;
-      fresh->maps.push_back(std::move(m));
-      fresh->files.push_back(nullptr);
-    }
-    std::vector<size_t> order(fresh->maps.size());
-    for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return fresh->maps[a].start < fresh->maps[b].start;
-    });
-    std::vector<MapEntry> sorted_maps;
-    std::vector<std::shared_ptr<const PinnedFile>> sorted_files;
-    for (size_t k : order) {
-      sorted_maps.push_back(std::move(fresh->maps[k]));
-      sorted_files.push_back(std::move(fresh->files[k]));
-    }
-    fresh->maps = std::move(sorted_maps);
-    fresh->files = std::move(sorted_files);
+    ProcessInfo read;
+    read.maps = *std::move(maps);
+    read.files.resize(read.maps.size());
+    MergeMaps(read, fresh.get());
     Pin(fresh.get());
     info = fresh;
     l.lock();

@@ -116,7 +116,9 @@ class ProcessTable {
 
   // Reads the process now (stat, comm, exe, maps) and opens each file-backed executable mapping's
   // file (map_files/ first, else <root>/<path>; files already pinned for any process are shared,
-  // not reopened), replacing any entry for `key`. Errors as Get; a failure is not cached.
+  // not reopened), replacing any entry for `key`; the replaced entry's mappings that overlap none
+  // of the new read's are kept (a library unmapped since, or all of them when the process is
+  // exiting and its maps read empty). Errors as Get; a failure is not cached.
   absl::StatusOr<std::shared_ptr<const ProcessInfo>> Snapshot(const ProcessKey& key);
   // True when an entry for `key` was made by Snapshot.
   bool HasSnapshot(const ProcessKey& key) const;

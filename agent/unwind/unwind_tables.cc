@@ -542,6 +542,12 @@ void UnwindService::ScheduleFollowUp(const proc::ProcessInfo& snapshot, uint32_t
                          snapshot.exe_path});
 }
 
+bool UnwindService::Superseded(const proc::ProcessKey& key) const {
+  auto it = latest_exec_.find(key.tgid);
+  return it != latest_exec_.end() && it->second.start_boot_ns == key.start_boot_ns &&
+         static_cast<int32_t>(it->second.exec_id - key.exec_id) > 0;
+}
+
 void UnwindService::PollLoop() {
   // Snapshots for images that report unknown pcs (libraries loaded since): at once for the first
   // few (ld.so maps libc and friends right after exec), then at most every 0.2 s.
@@ -569,7 +575,7 @@ void UnwindService::PollLoop() {
     for (const ps_unwind_event& e : batch) {
       if (e.kind != PS_UNWIND_EVENT_EXEC) continue;
       if (latest_exec_.size() >= 65536) latest_exec_.clear();
-      latest_exec_[e.tgid] = e.exec_id;
+      latest_exec_[e.tgid] = {e.tgid_start_ns, e.exec_id};
     }
     std::vector<Work> work;
     work.reserve(batch.size());
@@ -583,8 +589,7 @@ void UnwindService::PollLoop() {
       FollowUp f = std::move(follow_ups_[i]);
       follow_ups_[i] = std::move(follow_ups_.back());
       follow_ups_.pop_back();
-      auto latest = latest_exec_.find(f.key.tgid);
-      if (latest != latest_exec_.end() && latest->second != f.key.exec_id) continue;
+      if (Superseded(f.key)) continue;
       char exe[PATH_MAX];
       const std::string link = absl::StrCat(proc_root_, "/", f.key.tgid, "/exe");
       const ssize_t n = readlink(link.c_str(), exe, sizeof(exe));
@@ -602,8 +607,12 @@ void UnwindService::PollLoop() {
     if (batch.empty() && work.empty()) continue;
     for (const ps_unwind_event& e : batch) {
       Work w{e, nullptr};
+      const proc::ProcessKey key{e.tgid, e.tgid_start_ns, e.exec_id};
+      // An event of an image replaced by an exec in this batch or before (a sample just before
+      // the exec): its maps are gone, and reading /proc now would file the new image's maps
+      // under the old identity, for the symbolizer and the unwind tables alike.
+      if (e.kind != PS_UNWIND_EVENT_EXEC && Superseded(key)) continue;
       if (processes_ != nullptr) {
-        const proc::ProcessKey key{e.tgid, e.tgid_start_ns, e.exec_id};
         bool take;
         if (e.kind == PS_UNWIND_EVENT_UNKNOWN_PC) {
           SnapshotRate& r = snapshot_rate_[key];

@@ -246,8 +246,16 @@ class UnwindService {
   void ScheduleFollowUp(const proc::ProcessInfo& snapshot, uint32_t tries, int64_t now_ns);
   // Work of a due follow-up (never sent by BPF: bpf/abi.h PS_UNWIND_EVENT_* are small).
   static constexpr uint32_t kFollowUpEvent = 0x100;
-  // Each process's latest exec id from exec events (at most 65536, then forgotten).
-  absl::flat_hash_map<uint32_t, uint32_t> latest_exec_;
+  // Each process's latest image from exec events, by tgid (at most 65536, then forgotten).
+  struct LatestExec {
+    uint64_t start_boot_ns;
+    uint32_t exec_id;
+  };
+  absl::flat_hash_map<uint32_t, LatestExec> latest_exec_;
+  // True when an exec event newer than `key`'s image has arrived for the same process: /proc
+  // shows that newer image now, so nothing read there may be filed under `key`. Exec ids count
+  // up at each exec (task_struct::self_exec_id, begin_new_exec in fs/exec.c).
+  bool Superseded(const proc::ProcessKey& key) const;
   static constexpr size_t kMaxFollowUps = 4096;
   std::vector<FollowUp> follow_ups_;
   uint64_t follow_ups_dropped_ = 0;

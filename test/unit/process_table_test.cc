@@ -408,6 +408,70 @@ TEST_CASE("ProcessTable::Snapshot pins mapped files: readable after deletion and
   CHECK(table.snapshots() == 1);
 }
 
+TEST_CASE("ProcessTable::Snapshot again keeps earlier mappings the new read does not contradict") {
+  TempProcRoot root;
+  ProcessTable table(root.dir());
+  REQUIRE(table.Snapshot(kKey).ok());
+  // Since: the deleted JIT library is unmapped, another library now overlaps libc's old range
+  // (libc was unmapped too), and a plugin is loaded.
+  std::ofstream(root.dir() + "/4242/maps", std::ios::trunc)
+      << "55d4c8a3f000-55d4c8a52000 r-xp 00004000 fd:01 1835021 /usr/bin/myserver\n"
+      << "7f1b34000000-7f1b34100000 r-xp 00000000 fd:01 99 /usr/lib/libother.so\n"
+      << "7f1b40000000-7f1b40010000 r-xp 00000000 fd:01 77 /usr/lib/libplugin.so\n"
+      << "7ffd5e1fa000-7ffd5e1fc000 r-xp 00000000 00:00 0 [vdso]\n";
+  auto snap = table.Snapshot(kKey);
+  REQUIRE(snap.ok());
+  std::vector<std::string> paths;
+  for (const MapEntry& m : (*snap)->maps) paths.push_back(absl::StrCat(absl::Hex(m.start), " ", m.path));
+  CHECK(paths == std::vector<std::string>{"55d4c8a3f000 /usr/bin/myserver",
+                                          "7f1b33c00000 /tmp/libjit-7781.so",
+                                          "7f1b34000000 /usr/lib/libother.so",
+                                          "7f1b40000000 /usr/lib/libplugin.so",
+                                          "7ffd5e1fa000 [vdso]"});
+  CHECK((*snap)->files.size() == (*snap)->maps.size());
+  MappingRef jit = table.FindMapping(kKey, 0x7f1b33c00010);
+  REQUIRE(jit);
+  CHECK(jit->path == "/tmp/libjit-7781.so");
+  MappingRef other = table.FindMapping(kKey, 0x7f1b3404e000);  // in libc's old range
+  REQUIRE(other);
+  CHECK(other->path == "/usr/lib/libother.so");
+}
+
+TEST_CASE("ProcessTable::Snapshot of an exiting process keeps the mappings its samples ran in") {
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  auto text = ReadFileToString(absl::StrCat("/proc/", child, "/stat"));
+  REQUIRE(text.ok());
+  auto st = ParseStat(*text);
+  REQUIRE(st.ok());
+  const ProcessKey key{static_cast<uint32_t>(child), TicksToNs(st->start_time_ticks), 1};
+  ProcessTable table;
+  auto first = table.Snapshot(key);
+  REQUIRE(first.ok());
+  REQUIRE(!(*first)->maps.empty());
+  const uint64_t pc = (*first)->maps.front().start;
+  const std::string path = (*first)->maps.front().path;
+
+  // A zombie (exited, not reaped: WNOWAIT) has its stat but no mm, so its maps read empty.
+  kill(child, SIGKILL);
+  siginfo_t info{};
+  REQUIRE(waitid(P_PID, child, &info, WEXITED | WNOWAIT) == 0);
+  auto maps = ReadFileToString(absl::StrCat("/proc/", child, "/maps"));
+  REQUIRE(maps.ok());
+  CHECK(maps->empty());  // the premise, from the real kernel
+  auto again = table.Snapshot(key);
+  REQUIRE(again.ok());
+  CHECK((*again)->maps.size() == (*first)->maps.size());
+  MappingRef m = table.FindMapping(key, pc);
+  REQUIRE(m);
+  CHECK(m->path == path);
+  REQUIRE(waitpid(child, nullptr, 0) == child);
+}
+
 TEST_CASE("ProcessTable keeps the snapshot of a running process through idle windows") {
   pid_t child = fork();
   REQUIRE(child >= 0);
