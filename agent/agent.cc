@@ -179,6 +179,14 @@ class AgentMetrics {
           return std::vector<CallbackSample>{
               {{}, static_cast<double>(bpf_->Counters()[PS_CTR_UNWIND_FP_FRAMES])}};
         }));
+    regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_window_flip_wait_timeouts_total",
+        "Window flips that drained a buffer after waiting 1 s for BPF programs still running "
+        "on some CPU (should stay 0).",
+        {}, [this] {
+          return std::vector<CallbackSample>{
+              {{}, static_cast<double>(bpf_->flip_wait_timeouts())}};
+        }));
     auto unwind_scalar = [&](MetricType type, const char* name, const char* help,
                              std::function<double(const unwind::UnwindTableStats&)> f) {
       regs_.push_back(registry->AddCallback(type, name, help, {}, [this, f] {
@@ -741,7 +749,7 @@ absl::Status RunAgent(const Config& config) {
   const BpfMapStats& ms = bpf->map_stats();
   const unwind::UnwindTableStats us = bpf->unwind_stats();
   Log(LogLevel::kInfo,
-      "stopped: windows=%d samples_taken=%d samples_in_profiles=%d profiles_written=%d "
+      "stopped: windows=%d flip_wait_timeouts=%d samples_taken=%d samples_in_profiles=%d profiles_written=%d "
       "export_errors=%d switches=%d switches_unseen(chain=%d sample=%d) "
       "offcpu_stacks(not_captured=%d weighted=%d) offcpu_ns=%d sampled_cpu_ns=%d exact_cpu_ns=%d "
       "samples_parallelism_unknown=%d lost(agg_map_full=%d stack_map_full=%d "
@@ -751,7 +759,7 @@ absl::Status RunAgent(const Config& config) {
       "kernel_no_symbol=%d) processes(vanished=%d) unwind(complete=%d truncated=%d "
       "no_table_yet=%d no_table_for_pc=%d read_fault=%d bad_frame=%d fp_frames=%d tables=%d "
       "table_bytes=%d built=%d evicted=%d budget_full=%d)",
-      windows, c[PS_CTR_SAMPLES], ps.samples, profiles_written, export_errors,
+      windows, bpf->flip_wait_timeouts(), c[PS_CTR_SAMPLES], ps.samples, profiles_written, export_errors,
       c[PS_CTR_SWITCHES], c[PS_CTR_SWITCH_CHAIN_BREAKS], c[PS_CTR_SAMPLE_REPAIRS],
       c[PS_CTR_OFFCPU_NOT_CAPTURED], c[PS_CTR_OFFCPU_WEIGHTED], ps.offcpu_ns, ps.sampled_cpu_ns, ps.exact_cpu_ns,
       ps.samples_parallelism_unknown, c[PS_CTR_AGG_MAP_FULL], c[PS_CTR_STACK_MAP_FULL],

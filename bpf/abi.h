@@ -119,6 +119,22 @@ struct ps_control {
 };
 PS_STATIC_ASSERT(sizeof(struct ps_control) == 24, "ps_control layout");
 
+/* Per-CPU progress of the programs (ps_progress, per-CPU array of 1): every program that reads
+ * ps_control.active_buffer adds 1 to `enter` (atomically: an NMI sample may nest in sched_switch
+ * on the same CPU) before it reads the control block, and 1 to `exit` after its last write to a
+ * buffer's maps. At a window flip the daemon writes the new buffer, then reads every CPU's
+ * `enter` (E); a program that read the old buffer entered before that read, so once each CPU's
+ * `exit` has reached its E no program still writes the closed buffer. Works for any set of
+ * CPUs (cpusets, isolated and offline CPUs: nothing migrates), unlike waiting by moving the
+ * daemon onto each CPU. On x86-64 the atomic add is a locked instruction, a full barrier, which
+ * orders it before the program's read of the control block (the store-buffering pattern:
+ * either the daemon sees the increment or the program sees the new buffer). */
+struct ps_progress {
+  __u64 enter;
+  __u64 exit;
+};
+PS_STATIC_ASSERT(sizeof(struct ps_progress) == 16, "ps_progress layout");
+
 /* Per-thread switch-out state (ps_threads hash, key = tid). An off-CPU interval is accounted by
  * BPF at switch-in from max(out_ns, window start); the part before the window start is left to
  * the daemon: for an interval still running at a boundary it reads out_ns, and for one that ended

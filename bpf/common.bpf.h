@@ -73,6 +73,29 @@ struct {
   __type(value, struct ps_cpu_state);
 } ps_cpu_state SEC(".maps");
 
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct ps_progress);
+} ps_progress SEC(".maps");
+
+/* Brackets a program's run for the daemon's window flip (abi.h, struct ps_progress): ps_enter
+ * first thing, ps_leave last. */
+static __always_inline void ps_enter(void) {
+  __u32 zero = 0;
+  struct ps_progress *p = bpf_map_lookup_elem(&ps_progress, &zero);
+  if (p)
+    __sync_fetch_and_add(&p->enter, 1);
+}
+
+static __always_inline void ps_leave(void) {
+  __u32 zero = 0;
+  struct ps_progress *p = bpf_map_lookup_elem(&ps_progress, &zero);
+  if (p)
+    __sync_fetch_and_add(&p->exit, 1);
+}
+
 static __always_inline void ps_count(__u32 idx) {
   __u64 *c = bpf_map_lookup_elem(&ps_counters, &idx);
   if (c)

@@ -76,8 +76,7 @@ static __always_inline void ps_record(struct bpf_perf_event_data *ctx, void *sta
   __sync_fetch_and_add(&val->period_sum, period);
 }
 
-SEC("perf_event")
-int ps_on_cpu_sample(struct bpf_perf_event_data *ctx) {
+static __always_inline int ps_sample(struct bpf_perf_event_data *ctx) {
   struct ps_control *ctl = ps_get_control();
   __u32 zero = 0;
   struct ps_cpu_state *cs = bpf_map_lookup_elem(&ps_cpu_state, &zero);
@@ -139,6 +138,14 @@ int ps_on_cpu_sample(struct bpf_perf_event_data *ctx) {
   return 0;
 }
 
+SEC("perf_event")
+int ps_on_cpu_sample(struct bpf_perf_event_data *ctx) {
+  ps_enter();
+  int rc = ps_sample(ctx);
+  ps_leave();
+  return rc;
+}
+
 /* exec replaces a process's image but keeps its tgid and start time, so its unwind entry (the
  * old image's mappings) is dropped here and the daemon asked to load the new one at once: the
  * new executable and ld.so have tables before the process runs; libraries ld.so maps next are
@@ -161,7 +168,17 @@ static __always_inline int ps_on_exec(void) {
 }
 
 SEC("tp_btf/sched_process_exec")
-int BPF_PROG(ps_process_exec_btf) { return ps_on_exec(); }
+int BPF_PROG(ps_process_exec_btf) {
+  ps_enter();
+  int rc = ps_on_exec();
+  ps_leave();
+  return rc;
+}
 
 SEC("raw_tp/sched_process_exec")
-int BPF_PROG(ps_process_exec_raw) { return ps_on_exec(); }
+int BPF_PROG(ps_process_exec_raw) {
+  ps_enter();
+  int rc = ps_on_exec();
+  ps_leave();
+  return rc;
+}

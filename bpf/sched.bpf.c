@@ -343,13 +343,19 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
 SEC("tp_btf/sched_switch")
 int BPF_PROG(ps_sched_switch_btf, bool preempt, struct task_struct *prev,
              struct task_struct *next) {
-  return ps_on_switch(ctx, preempt, prev, next);
+  ps_enter();
+  int rc = ps_on_switch(ctx, preempt, prev, next);
+  ps_leave();
+  return rc;
 }
 
 SEC("raw_tp/sched_switch")
 int BPF_PROG(ps_sched_switch_raw, bool preempt, struct task_struct *prev,
              struct task_struct *next) {
-  return ps_on_switch(ctx, preempt, prev, next);
+  ps_enter();
+  int rc = ps_on_switch(ctx, preempt, prev, next);
+  ps_leave();
+  return rc;
 }
 
 /* Seeds ps_threads with the threads that are off-CPU when the agent attaches, so a thread asleep
@@ -409,7 +415,17 @@ static __always_inline int ps_on_exit(struct task_struct *task) {
 }
 
 SEC("tp_btf/sched_process_exit")
-int BPF_PROG(ps_process_exit_btf, struct task_struct *task) { return ps_on_exit(task); }
+int BPF_PROG(ps_process_exit_btf, struct task_struct *task) {
+  ps_enter();
+  int rc = ps_on_exit(task);
+  ps_leave();
+  return rc;
+}
 
 SEC("raw_tp/sched_process_exit")
-int BPF_PROG(ps_process_exit_raw, struct task_struct *task) { return ps_on_exit(task); }
+int BPF_PROG(ps_process_exit_raw, struct task_struct *task) {
+  ps_enter();
+  int rc = ps_on_exit(task);
+  ps_leave();
+  return rc;
+}

@@ -11,6 +11,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
 #include <cerrno>
 #include <cstring>
 
@@ -228,6 +231,7 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
                    Shared{sched_->maps.ps_stacks1, oncpu_->maps.ps_stacks1},
                    Shared{sched_->maps.ps_running, oncpu_->maps.ps_running},
                    Shared{sched_->maps.ps_cpu_state, oncpu_->maps.ps_cpu_state},
+                   Shared{sched_->maps.ps_progress, oncpu_->maps.ps_progress},
                    Shared{sched_->maps.ps_unwind_procs, oncpu_->maps.ps_unwind_procs},
                    Shared{sched_->maps.ps_unwind_maps, oncpu_->maps.ps_unwind_maps},
                    Shared{sched_->maps.ps_unwind_rows, oncpu_->maps.ps_unwind_rows},
@@ -404,25 +408,42 @@ BpfPrograms::~BpfPrograms() {
   if (oncpu_ != nullptr) oncpu_bpf::destroy(oncpu_);
 }
 
-absl::Status BpfPrograms::WaitForCpus() {
-  cpu_set_t saved;
-  if (sched_getaffinity(0, sizeof(saved), &saved) != 0) {
-    return ErrnoStatus(errno, "sched_getaffinity");
+absl::Status BpfPrograms::WaitForPrograms() {
+  const int ncpu = libbpf_num_possible_cpus();
+  if (ncpu <= 0) return LibbpfError(ncpu, "counting possible CPUs");
+  // Per-CPU array values, one per possible CPU (bpf(2) BPF_MAP_LOOKUP_ELEM on a per-CPU map).
+  std::vector<ps_progress> entered(ncpu), now(ncpu);
+  const int fd = bpf_map__fd(oncpu_->maps.ps_progress);
+  const uint32_t zero = 0;
+  // The caller's write of the new buffer is ordered before this read (its seq_cst fence, then
+  // the system call).
+  if (bpf_map_lookup_elem(fd, &zero, entered.data()) != 0) {
+    return ErrnoStatus(errno, "reading ps_progress");
   }
-  for (int cpu : events_.cpus) {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    // Returns after the kernel migrated this thread to `cpu` (kernel/sched/core.c
-    // __set_cpus_allowed_ptr -> affine_move_task waits for the stopper). EINVAL: CPU went
-    // offline, and an offline CPU runs no program.
-    if (sched_setaffinity(0, sizeof(one), &one) != 0 && errno != EINVAL) {
-      int err = errno;
-      sched_setaffinity(0, sizeof(saved), &saved);
-      return ErrnoStatus(err, absl::StrCat("sched_setaffinity(cpu ", cpu, ")"));
+  std::vector<int> busy;
+  for (int c = 0; c < ncpu; ++c) {
+    if (entered[c].exit < entered[c].enter) busy.push_back(c);
+  }
+  const int64_t deadline = MonotonicNowNs() + 1000000000;
+  while (!busy.empty()) {
+    // A program in flight has microseconds left: yield, then look again.
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (bpf_map_lookup_elem(fd, &zero, now.data()) != 0) {
+      return ErrnoStatus(errno, "reading ps_progress");
+    }
+    busy.erase(std::remove_if(busy.begin(), busy.end(),
+                              [&](int c) { return now[c].exit >= entered[c].enter; }),
+               busy.end());
+    if (!busy.empty() && MonotonicNowNs() > deadline) {
+      ++flip_wait_timeouts_;
+      static RateLimitedLog log;
+      log.Log(LogLevel::kWarning,
+              "window flip: BPF programs on %zu CPU(s) (first: CPU %d) did not finish within 1 s;"
+              " draining anyway",
+              busy.size(), busy.front());
+      break;
     }
   }
-  sched_setaffinity(0, sizeof(saved), &saved);
   return absl::OkStatus();
 }
 
@@ -438,7 +459,7 @@ absl::StatusOr<WindowData> BpfPrograms::Drain(bool final) {
     control_->active_buffer = active_;
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
-  PS_RETURN_IF_ERROR(WaitForCpus());
+  PS_RETURN_IF_ERROR(WaitForPrograms());
 
   WindowData out;
   out.start_mono_ns = window_start_ns_;

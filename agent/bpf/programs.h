@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -81,6 +82,8 @@ class BpfPrograms : public WindowSource {
   // its pid is not sampled.
   void StopTracking(uint32_t tgid);
   const BpfMapStats& map_stats() const { return map_stats_; }
+  // Window flips whose wait for in-flight programs timed out (WaitForPrograms).
+  uint64_t flip_wait_timeouts() const { return flip_wait_timeouts_.load(); }
   // Unwind tables (agent/unwind/): thread-safe.
   unwind::UnwindTableStats unwind_stats() const;
 
@@ -104,10 +107,13 @@ class BpfPrograms : public WindowSource {
  private:
   BpfPrograms() = default;
   absl::Status LoadSched(const Options& options);
-  // Returns once every CPU in events_.cpus has run the calling thread, i.e. once every BPF
-  // program invocation that started before the call has finished (they run with preemption
-  // disabled: perf_event programs in IRQ/NMI context, tracepoints under the runqueue lock).
-  absl::Status WaitForCpus();
+  // Returns once every BPF program invocation that was running on any CPU when it was called
+  // has finished (bpf/abi.h struct ps_progress: per-CPU enter/exit counts), so that nothing
+  // still writes a buffer the flip just closed. Nothing migrates: CPUs outside the agent's
+  // cpuset, isolated and hotplugged ones are covered alike. Programs run for microseconds; after
+  // 1 s of waiting it gives up on the stragglers, counts it (flip_wait_timeouts) and logs.
+  // Errors: reading ps_progress failed (bpf(2) errno).
+  absl::Status WaitForPrograms();
   void Detach();
   // Runs ps_seed_threads (iter/task) once: threads off-CPU at attach get a thread state.
   void SeedSleepingThreads();
@@ -152,6 +158,7 @@ class BpfPrograms : public WindowSource {
   };
   absl::flat_hash_map<uint64_t, CachedStack> stack_cache_;
   BpfMapStats map_stats_;
+  std::atomic<uint64_t> flip_wait_timeouts_{0};  // read by /metrics on the HTTP thread
   static constexpr size_t kMaxCachedStacks = 65536;
 };
 
