@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <functional>
@@ -429,10 +430,38 @@ TEST_CASE("sched e2e: an agent confined to CPU 0 by a cpuset loses no sample and
 TEST_CASE("sched e2e: latency weighs serial_work and parallel_work 1:1 where CPU says 1:2",
           "[root][e2e]") {
   if (!RequireRoot()) return;
-  TempDir out;
+  // The premise: B really ran beside A (two CPUs free), so CPU was 1:2 and the parallel phases
+  // were parallel. Otherwise the machine was busy and the expected shares do not hold, whatever
+  // the agent does. The kernel's own account (schedstat run-queue waits) and B's start delays
+  // bound the time the parallel phases were not parallel. A run whose premise failed is
+  // repeated (up to 3 runs), so a busy moment of the machine does not fail the suite.
+  std::unique_ptr<TempDir> dir;
   Session s;
-  RunSession(&s, {std::string(PS_WORKLOAD_DIR) + "/serial_parallel", "4"},
-             {"--sampling-frequency=499", "--duration=6s"}, out.path(), 30);
+  bool premise = false;
+  for (int attempt = 1; attempt <= 3 && !premise; ++attempt) {
+    if (s.work) {
+      s.work->CloseStdin();
+      s.work->Wait(10);
+    }
+    dir = std::make_unique<TempDir>();
+    s = Session();
+    RunSession(&s, {std::string(PS_WORKLOAD_DIR) + "/serial_parallel", "4"},
+               {"--sampling-frequency=499", "--duration=6s"}, dir->path(), 30);
+    const int64_t not_parallel =
+        s.Done("b_start_delay_ns") + s.Done("a_runq_wait_ns") + s.Done("b_runq_wait_ns");
+    premise = Ratio(s.Done("parallel_cpu_ns"), s.Done("serial_cpu_ns")) >= 1.9 &&
+              (s.Done("a_runq_wait_ns") < 0 || s.Done("b_runq_wait_ns") < 0 ||
+               Ratio(not_parallel, s.Done("parallel_wall_ns")) <= 0.03);
+    FIGURES("premise, run " << attempt << ": serial_work " << Ms(s.Done("serial_cpu_ns"))
+                            << " CPU, parallel_work " << Ms(s.Done("parallel_cpu_ns"))
+                            << " CPU over both threads; B start delays "
+                            << Ms(s.Done("b_start_delay_ns")) << ", run-queue waits A "
+                            << Ms(s.Done("a_runq_wait_ns")) << " B "
+                            << Ms(s.Done("b_runq_wait_ns")) << ": "
+                            << (premise ? "holds" : "does not hold (another process was busy)"));
+  }
+  REQUIRE(premise);
+  const TempDir& out = *dir;
   std::vector<Window> cpu = Load(out.path(), s.pid, "process_cpu");
   std::vector<Window> lat = Load(out.path(), s.pid, "latency");
   // The default --profiles writes all four types.
@@ -455,25 +484,6 @@ TEST_CASE("sched e2e: latency weighs serial_work and parallel_work 1:1 where CPU
   int64_t lat_parallel_at2 =
       SumOf(lat, "latency", And(InFunction("parallel_work"), LabelIs("parallelism", "2")));
   const int64_t truth_cpu = s.Done("serial_cpu_ns") + s.Done("parallel_cpu_ns");
-  {
-    // The premise: B really ran beside A (two CPUs free), so CPU was 1:2 and the parallel phases
-    // were parallel. Otherwise the machine was busy and the expected shares do not hold,
-    // whatever the agent does. The kernel's own account (schedstat run-queue waits) and B's
-    // start delays bound the time the parallel phases were not parallel.
-    int64_t not_parallel =
-        s.Done("b_start_delay_ns") + s.Done("a_runq_wait_ns") + s.Done("b_runq_wait_ns");
-    FIGURES("premise: workload: serial_work " << Ms(s.Done("serial_cpu_ns")) << " CPU, parallel_work "
-                                  << Ms(s.Done("parallel_cpu_ns"))
-                                  << " CPU over both threads; B start delays "
-                                  << Ms(s.Done("b_start_delay_ns")) << ", run-queue waits A "
-                                  << Ms(s.Done("a_runq_wait_ns")) << " B "
-                                  << Ms(s.Done("b_runq_wait_ns"))
-                                  << "; was another process busy?");
-    REQUIRE(Ratio(s.Done("parallel_cpu_ns"), s.Done("serial_cpu_ns")) >= 1.9);
-    if (s.Done("a_runq_wait_ns") >= 0 && s.Done("b_runq_wait_ns") >= 0) {
-      REQUIRE(Ratio(not_parallel, s.Done("parallel_wall_ns")) <= 0.03);
-    }
-  }
   const int64_t truth_busy_wall = s.Done("serial_wall_ns") + s.Done("parallel_wall_ns");
 
   // Diagnostics: how long A and B waited runnable (from the off_cpu profile), and the
@@ -603,14 +613,12 @@ TEST_CASE("sched e2e: run-queue delay of two threads pinned to one CPU matches t
                    << "; cpu " << Ms(truth_cpu) << " (profile " << Ms(sampled_cpu)
                    << "), schedstat run-queue wait " << Ms(truth_wait));
     REQUIRE(runnable > 0);
-    if (truth_wait >= 0) {
-      // The premise (kernel's own account): the thread waited about as long as it ran, i.e. CPU 0
-      // was not busy with other work.
-      INFO("premise: schedstat wait / cpu = " << Ratio(truth_wait, truth_cpu));
-      REQUIRE(Ratio(truth_wait, truth_cpu) == Approx(1.0).margin(0.10));
-    }
-    CHECK(Ratio(runnable, truth_cpu) == Approx(1.0).margin(0.15));
+    // The truth is the kernel's own account of the run-queue wait (schedstat), whatever else
+    // shared CPU 0 meanwhile. On a quiet machine that wait is also the partner's CPU time; that
+    // is the truth only where schedstat is missing, or when its figures say CPU 0 was quiet.
+    const bool quiet = truth_wait < 0 || Ratio(truth_wait, truth_cpu) == Approx(1.0).margin(0.10);
     if (truth_wait >= 0) CHECK(Ratio(runnable, truth_wait) == Approx(1.0).margin(0.15));
+    if (quiet) CHECK(Ratio(runnable, truth_cpu) == Approx(1.0).margin(0.15));
     CHECK(Ratio(runnable_in_spin, runnable) >= 0.90);
   }
   s.work->CloseStdin();
