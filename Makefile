@@ -12,7 +12,7 @@ PYTHON ?= /usr/bin/python3
 FUZZ_SECONDS ?= 300
 FUZZ_TARGETS ?= proc perf_map elf cfi
 
-.PHONY: all setup build run test unit fuzz bench clean
+.PHONY: all setup build run test unit fuzz bench clean test-kernels
 
 all: build
 
@@ -39,6 +39,14 @@ test: build
 
 unit: build
 	cd $(BUILD) && ctest --output-on-failure -R '^unit:' 
+
+# The kernel matrix (test/kernels/README.md): Debian's own 5.10, 6.1 and 6.12 kernels booted under
+# QEMU, the smoke subset run on each; root; downloads the kernels and a Debian 12 base the first
+# time. KERNELS=bullseye,trixie picks suites.
+KERNELS ?= all
+test-kernels: build
+	PPROF=$(abspath $(PPROF)) WORKLOADS=$(abspath $(BUILD))/workloads \
+	  bash test/kernels/run.sh $(KERNELS) $(abspath $(BUILD))/bin/parascope
 
 # Long fuzzing runs, one target after another (test/fuzz/README.md). Builds only the fuzzers; each
 # target's corpus keeps growing in $(BUILD)/fuzz/run/long/<target> across runs, crash inputs are
