@@ -521,4 +521,15 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
+double MetricValue(const std::string& text, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StartsWith(line, series + " ")) {
+      double v = -1;
+      (void)absl::SimpleAtod(line.substr(series.size() + 1), &v);
+      return v;
+    }
+  }
+  return -1;
+}
+
 }  // namespace parascope::testing

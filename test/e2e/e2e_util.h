@@ -112,6 +112,11 @@ int64_t ParseGoDuration(const std::string& text);
 // ignored).
 std::map<std::string, std::string> KeyValues(const std::string& line);
 
+// The value of one series in Prometheus text exposition format (the agent's /metrics), named
+// with its labels exactly as exposed, e.g. `parascope_queue_bytes` or
+// `parascope_queue_dropped_total{reason="queue_full"}`; -1 if absent.
+double MetricValue(const std::string& text, const std::string& series);
+
 // Files under dir matching "<dir>/<pid>/<start ticks>.<exec id>/<prefix>*.pb.gz" (pid 0 = any).
 std::vector<std::string> ProfileFiles(const std::string& dir, int pid, const std::string& prefix);
 

@@ -108,19 +108,6 @@ struct Agent {
   int http_port = 0;
 };
 
-// The value of one Prometheus series, e.g. `parascope_push_retries_total` or
-// `parascope_queue_dropped_total{reason="queue_full"}`; -1 if absent.
-double Metric(const std::string& text, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::StartsWith(line, series + " ")) {
-      double v = -1;
-      (void)absl::SimpleAtod(line.substr(series.size() + 1), &v);
-      return v;
-    }
-  }
-  return -1;
-}
-
 // "key=N" from the agent's log (e.g. the "push: sent=.. retries=.. dropped=.." line).
 int64_t LogValue(const std::string& log, const std::string& prefix, const std::string& key) {
   std::regex re(prefix + ".*[ (]" + key + "=([0-9]+)");
@@ -259,12 +246,12 @@ TEST_CASE("push: a 20 s outage loses nothing and /metrics shows the retries", "[
       REQUIRE(agent.WaitForWindow(10, 60));
       std::string metrics = agent.Get("/metrics");
       INFO("metrics during the outage:\n" << metrics);
-      CHECK(Metric(metrics, "parascope_push_retries_total") > 0);
-      CHECK(Metric(metrics, "parascope_queue_bytes") > 0);
-      CHECK(Metric(metrics, absl::StrCat("parascope_push_failures_total{code=\"",
+      CHECK(MetricValue(metrics, "parascope_push_retries_total") > 0);
+      CHECK(MetricValue(metrics, "parascope_queue_bytes") > 0);
+      CHECK(MetricValue(metrics, absl::StrCat("parascope_push_failures_total{code=\"",
                                          protocol == "grpc" ? "UNAVAILABLE" : "connect", "\"}")) >
             0);
-      CHECK(Metric(metrics, "parascope_profiles_pushed_total") == 0);
+      CHECK(MetricValue(metrics, "parascope_profiles_pushed_total") == 0);
       // Unreachable for more than two windows: not ready.
       CHECK(agent.HttpStatus("/readyz") == 503);
       CHECK(agent.HttpStatus("/healthz") == 200);
@@ -276,7 +263,7 @@ TEST_CASE("push: a 20 s outage loses nothing and /metrics shows the retries", "[
       REQUIRE(delivered);
       CHECK(agent.HttpStatus("/readyz") == 200);
       metrics = agent.Get("/metrics");
-      CHECK(Metric(metrics, "parascope_push_retries_total") > 0);
+      CHECK(MetricValue(metrics, "parascope_push_retries_total") > 0);
 
       int status = agent.Stop();
       const std::string& log = agent.child->stderr_text();
@@ -340,12 +327,12 @@ TEST_CASE(
   for (int w = 5; w <= 30; w += 5) {  // 60 s in 2 s windows
     REQUIRE(agent.WaitForWindow(w, 60));
     std::string metrics = agent.Get("/metrics");
-    double q = Metric(metrics, "parascope_queue_bytes");
+    double q = MetricValue(metrics, "parascope_queue_bytes");
     INFO("window " << w << " metrics:\n" << metrics);
     REQUIRE(q >= 0);
     max_queue = std::max(max_queue, q);
     CHECK(q <= kQueueMax);
-    drops = Metric(metrics, "parascope_queue_dropped_total{reason=\"queue_full\"}");
+    drops = MetricValue(metrics, "parascope_queue_dropped_total{reason=\"queue_full\"}");
   }
   INFO("max queue bytes " << max_queue << ", dropped " << drops);
   CHECK(max_queue > kQueueMax / 2);  // the bound was actually reached
@@ -358,8 +345,8 @@ TEST_CASE(
   // Two windows produced after the outage; then stop (the queue is flushed for up to 10 s).
   REQUIRE(agent.WaitForWindow(33, 60));
   std::string metrics = agent.Get("/metrics");
-  CHECK(Metric(metrics, "parascope_queue_bytes") <= kQueueMax);
-  CHECK(Metric(metrics, "parascope_profiles_pushed_total") > 0);
+  CHECK(MetricValue(metrics, "parascope_queue_bytes") <= kQueueMax);
+  CHECK(MetricValue(metrics, "parascope_profiles_pushed_total") > 0);
   int status = agent.Stop();
   INFO("agent stderr:\n" << agent.child->stderr_text());
   REQUIRE(WIFEXITED(status));
@@ -404,8 +391,8 @@ TEST_CASE("push: 429 / RESOURCE_EXHAUSTED is retried with backoff, 400 / INVALID
       CHECK(waited > 100000000);
       CHECK(waited < 4000000000);
       std::string metrics = agent.Get("/metrics");
-      CHECK(Metric(metrics, "parascope_push_retries_total") == 3);
-      CHECK(Metric(metrics,
+      CHECK(MetricValue(metrics, "parascope_push_retries_total") == 3);
+      CHECK(MetricValue(metrics,
                    absl::StrCat("parascope_push_failures_total{code=\"",
                                 protocol == "grpc" ? "RESOURCE_EXHAUSTED" : "429", "\"}")) == 3);
 
@@ -423,9 +410,9 @@ TEST_CASE("push: 429 / RESOURCE_EXHAUSTED is retried with backoff, 400 / INVALID
       for (const auto& r : records) seen += r.series(0).samples(0).id() == rejected_id;
       CHECK(seen == 1);
       metrics = agent.Get("/metrics");
-      CHECK(Metric(metrics, "parascope_push_retries_total") == 3);
-      CHECK(Metric(metrics, "parascope_queue_dropped_total{reason=\"rejected\"}") == 1);
-      CHECK(Metric(metrics, absl::StrCat("parascope_push_failures_total{code=\"",
+      CHECK(MetricValue(metrics, "parascope_push_retries_total") == 3);
+      CHECK(MetricValue(metrics, "parascope_queue_dropped_total{reason=\"rejected\"}") == 1);
+      CHECK(MetricValue(metrics, absl::StrCat("parascope_push_failures_total{code=\"",
                                          protocol == "grpc" ? "INVALID_ARGUMENT" : "400", "\"}")) ==
             1);
       int status = agent.Stop();

@@ -371,19 +371,6 @@ TEST_CASE("demangled C++ templates: each instance its own function, lambdas and 
   CHECK(std::abs(sampled - 1.0 / 3) <= 0.07);
 }
 
-// The value of one Prometheus series in /metrics text, e.g.
-// `parascope_debuginfod_requests_total{result="fetched"}`; -1 if absent.
-double MetricValue(const std::string& text, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::StartsWith(line, series + " ")) {
-      double v = -1;
-      (void)absl::SimpleAtod(line.substr(series.size() + 1), &v);
-      return v;
-    }
-  }
-  return -1;
-}
-
 // A stripped binary (no .symtab, no DWARF, no .gnu_debuglink) whose debug file only a local
 // debuginfod server has: the agent asks for it in the background after the first window that
 // needs it, and names the binary's functions from a later window on. Nothing else can name them:
