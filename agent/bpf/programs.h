@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "agent/bpf/map_reader.h"
 #include "agent/bpf/perf_event.h"
 #include "agent/collect/records.h"
 #include "agent/unwind/unwind_tables.h"
@@ -111,6 +112,8 @@ class BpfPrograms : public WindowSource {
   void Detach();
   // Runs ps_seed_threads (iter/task) once: threads off-CPU at attach get a thread state.
   void SeedSleepingThreads();
+  // The reader of the loaded maps (after LoadSched, when sched).
+  void CreateMapReader();
   // Reads and empties buffer `index` (no program may be writing it) into *out.
   void DrainBuffer(uint32_t index, WindowData* out);
   // Attributes the parts of intervals crossing [prev_ws, ws) that BPF left to the daemon.
@@ -142,6 +145,7 @@ class BpfPrograms : public WindowSource {
   int64_t window_start_ns_ = 0;
   uint64_t min_offcpu_ns_ = 0;
   uint64_t window_index_ = 0;
+  std::unique_ptr<BpfMapReader> map_reader_;  // borrows the skeletons' map fds
   // Stacks by hash, kept across windows: an off-CPU interval can end windows after the stack
   // captured at its start was drained. Entries unused for two windows are dropped; at most
   // kMaxCachedStacks.
