@@ -38,72 +38,6 @@ uint32_t NextPow2(uint64_t v) {
   return p;
 }
 
-// Keys of a map with no concurrent writer (a closed buffer), via get_next_key.
-template <typename K>
-std::vector<K> AllKeys(int fd) {
-  std::vector<K> keys;
-  K key{}, next{};
-  const void* prev = nullptr;
-  while (bpf_map_get_next_key(fd, prev, &next) == 0) {
-    keys.push_back(next);
-    key = next;
-    prev = &key;
-  }
-  return keys;
-}
-
-template <typename K>
-void DeleteAll(int fd, const std::vector<K>& keys) {
-  for (const K& k : keys) bpf_map_delete_elem(fd, &k);
-}
-
-// Reads and deletes every entry of a hash map nobody writes any more (the drained buffer), calling
-// fn(key, value) for each. Uses BPF_MAP_LOOKUP_AND_DELETE_BATCH (Linux 5.6; bpf(2),
-// kernel/bpf/hashtab.c __htab_map_lookup_and_delete_batch): one system call per few hundred
-// entries instead of three per entry. Where the kernel lacks it, falls back to get_next_key,
-// lookup and delete.
-template <typename K, typename V, typename Fn>
-void DrainMap(int fd, Fn&& fn) {
-  uint32_t batch = 256;
-  std::vector<K> keys(batch);
-  std::vector<V> values(batch);
-  uint32_t in_batch = 0, out_batch = 0;
-  bool first = true;
-  for (;;) {
-    uint32_t count = batch;
-    int rc = bpf_map_lookup_and_delete_batch(fd, first ? nullptr : &in_batch, &out_batch,
-                                             keys.data(), values.data(), &count, nullptr);
-    int err = rc < 0 ? errno : 0;
-    if (rc < 0 && err == ENOSPC && count == 0 && batch < (1u << 20)) {
-      // One hash bucket holds more entries than the buffers: grow and retry the same bucket.
-      batch *= 2;
-      keys.resize(batch);
-      values.resize(batch);
-      continue;
-    }
-    if (rc < 0 && first && count == 0 &&
-        (err == EINVAL || err == EOPNOTSUPP || err == ENOTSUP || err == 524 /* ENOTSUPP */)) {
-      std::vector<K> all = AllKeys<K>(fd);
-      V v;
-      for (const K& k : all) {
-        if (bpf_map_lookup_elem(fd, &k, &v) == 0) fn(k, v);
-      }
-      DeleteAll(fd, all);
-      return;
-    }
-    for (uint32_t i = 0; i < count; ++i) fn(keys[i], values[i]);
-    if (rc < 0) {
-      if (err != ENOENT) {
-        static RateLimitedLog log;
-        log.Log(LogLevel::kWarning, "draining a BPF map: %s", std::strerror(err));
-      }
-      return;
-    }
-    in_batch = out_batch;
-    first = false;
-  }
-}
-
 // True when the kernel's BTF describes the sched_switch tracepoint for tp_btf programs.
 bool HasBtfTracepoint(const char* name) {
   btf* vmlinux = btf__load_vmlinux_btf();
@@ -119,7 +53,6 @@ bool HasBtfTracepoint(const char* name) {
 
 absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& options) {
   std::unique_ptr<BpfPrograms> self(new BpfPrograms());
-  self->min_offcpu_ns_ = options.min_offcpu_ns;
   PS_ASSIGN_OR_RETURN(self->events_, OpenSamplingEvents(options.frequency_hz));
 
   self->oncpu_ = oncpu_bpf::open();
@@ -173,6 +106,7 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
     }
   }
   if (options.sched) PS_RETURN_IF_ERROR(self->LoadSched(options));
+  self->CreateCollector(options);
   PS_RETURN_IF_ERROR(self->StartUnwinder(options));
 
   // The first window starts now; CPUs are unknown until a switch or a sample shows their task.
@@ -256,6 +190,23 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   bpf_program__set_autoload(sched_->progs.ps_seed_threads, options.offcpu);
   if (int rc = sched_bpf::load(sched_); rc) return LibbpfError(rc, "loading sched.bpf.o");
   return absl::OkStatus();
+}
+
+void BpfPrograms::CreateCollector(const Options& options) {
+  BpfMapReader::Fds fds;
+  fds.stacks = {bpf_map__fd(oncpu_->maps.ps_stacks0), bpf_map__fd(oncpu_->maps.ps_stacks1)};
+  fds.oncpu = {bpf_map__fd(oncpu_->maps.ps_oncpu0), bpf_map__fd(oncpu_->maps.ps_oncpu1)};
+  fds.cpu_state = bpf_map__fd(oncpu_->maps.ps_cpu_state);
+  if (sched_ != nullptr) {
+    fds.offcpu = {bpf_map__fd(sched_->maps.ps_offcpu0), bpf_map__fd(sched_->maps.ps_offcpu1)};
+    fds.runtime = {bpf_map__fd(sched_->maps.ps_runtime0), bpf_map__fd(sched_->maps.ps_runtime1)};
+    fds.threads = bpf_map__fd(sched_->maps.ps_threads);
+  }
+  map_reader_ = std::make_unique<BpfMapReader>(fds);
+  collect::Collector::Options copts;
+  copts.sched = sched_ != nullptr;
+  copts.min_offcpu_ns = options.min_offcpu_ns;
+  collector_ = std::make_unique<collect::Collector>(map_reader_.get(), copts);
 }
 
 namespace {
@@ -461,210 +412,9 @@ absl::StatusOr<WindowData> BpfPrograms::Drain(bool final) {
   }
   PS_RETURN_IF_ERROR(WaitForPrograms());
 
-  WindowData out;
-  out.start_mono_ns = window_start_ns_;
-  out.end_mono_ns = ws;
-  ++window_index_;
-  DrainBuffer(closed, &out);
-  if (final) DrainBuffer(closed ^ 1, &out);
-  if (sched_ != nullptr) {
-    absl::flat_hash_map<uint32_t, uint64_t> on_cpu;
-    ScanCpus(window_start_ns_, ws, &on_cpu, &out);
-    ScanThreads(window_start_ns_, ws, on_cpu, &out);
-  }
+  WindowData out = collector_->Collect(window_start_ns_, ws, closed, final);
   window_start_ns_ = ws;
-
-  // Keep stacks used in this or the previous window; bound the cache.
-  for (auto it = stack_cache_.begin(); it != stack_cache_.end();) {
-    if (it->second.last_used_window + 2 <= window_index_) {
-      stack_cache_.erase(it++);
-    } else {
-      ++it;
-    }
-  }
-  if (stack_cache_.size() > kMaxCachedStacks) {
-    std::vector<std::pair<uint64_t, uint64_t>> by_age;
-    for (const auto& [h, c] : stack_cache_) by_age.emplace_back(c.last_used_window, h);
-    std::sort(by_age.begin(), by_age.end());
-    for (size_t i = 0; i < by_age.size() - kMaxCachedStacks; ++i) {
-      stack_cache_.erase(by_age[i].second);
-      ++map_stats_.stack_cache_evicted;
-    }
-  }
-  map_stats_.stack_cache = stack_cache_.size();
   return out;
-}
-
-void BpfPrograms::ResolveStacks(uint64_t kernel_stack, int32_t kernel_err, uint64_t user_stack,
-                                int32_t user_err, StackPair* pair) {
-  auto one = [&](uint64_t hash, int32_t err, std::vector<uint64_t>* ips, int32_t* err_out,
-                 uint32_t* flags) {
-    *err_out = err;
-    if (hash == 0) return;
-    auto it = stack_cache_.find(hash);
-    if (it == stack_cache_.end()) {
-      ++map_stats_.stacks_missing;
-      *err_out = -ENOENT;
-      return;
-    }
-    it->second.last_used_window = window_index_;
-    *ips = it->second.ips;
-    *flags = it->second.flags;
-  };
-  uint32_t kernel_flags = 0;
-  one(kernel_stack, kernel_err, &pair->kernel_ips, &pair->kernel_stack_err, &kernel_flags);
-  one(user_stack, user_err, &pair->user_ips, &pair->user_stack_err, &pair->user_unwind);
-}
-
-void BpfPrograms::DrainBuffer(uint32_t index, WindowData* out) {
-  // Stacks first: records of this buffer and intervals ending later refer to them.
-  int stacks_fd = bpf_map__fd(index == 0 ? oncpu_->maps.ps_stacks0 : oncpu_->maps.ps_stacks1);
-  DrainMap<uint64_t, ps_stack>(stacks_fd, [&](uint64_t h, const ps_stack& st) {
-    CachedStack& c = stack_cache_[h];
-    c.ips.assign(st.ips, st.ips + std::min<uint32_t>(st.len, PS_MAX_STACK_DEPTH));
-    c.flags = st.flags;
-    c.last_used_window = window_index_;
-  });
-
-  int agg_fd = bpf_map__fd(index == 0 ? oncpu_->maps.ps_oncpu0 : oncpu_->maps.ps_oncpu1);
-  DrainMap<ps_oncpu_key, ps_oncpu_value>(agg_fd, [&](const ps_oncpu_key& k,
-                                                     const ps_oncpu_value& v) {
-    OnCpuRecord r;
-    r.process = proc::ProcessKey{k.tgid, k.tgid_start_ns, k.exec_id};
-    r.tid = k.tid;
-    r.thread_name.assign(v.comm, strnlen(v.comm, sizeof(v.comm)));
-    ResolveStacks(k.kernel_stack, k.kernel_stack_err, k.user_stack, k.user_stack_err, &r.stacks);
-    r.parallelism = std::max<uint32_t>(k.parallelism, 1);
-    r.parallelism_unknown = (k.flags & PS_SAMPLE_PARALLELISM_UNKNOWN) != 0;
-    r.count = v.count;
-    r.period_sum = v.period_sum;
-    out->oncpu.push_back(std::move(r));
-  });
-  if (sched_ == nullptr) return;
-
-  int off_fd = bpf_map__fd(index == 0 ? sched_->maps.ps_offcpu0 : sched_->maps.ps_offcpu1);
-  DrainMap<ps_offcpu_key, ps_offcpu_value>(off_fd, [&](const ps_offcpu_key& k,
-                                                       const ps_offcpu_value& v) {
-    OffCpuRecord r;
-    r.process = proc::ProcessKey{k.tgid, k.tgid_start_ns, k.exec_id};
-    r.tid = k.tid;
-    r.thread_name.assign(v.comm, strnlen(v.comm, sizeof(v.comm)));
-    ResolveStacks(k.kernel_stack, k.kernel_stack_err, k.user_stack, k.user_stack_err, &r.stacks);
-    r.state = k.state;
-    r.ns = v.ns;
-    r.count = v.count;
-    out->offcpu.push_back(std::move(r));
-  });
-
-  int rt_fd = bpf_map__fd(index == 0 ? sched_->maps.ps_runtime0 : sched_->maps.ps_runtime1);
-  DrainMap<ps_runtime_key, uint64_t>(rt_fd, [&](const ps_runtime_key& k, uint64_t ns) {
-    out->runtime.push_back({proc::ProcessKey{k.tgid, k.tgid_start_ns, k.exec_id}, ns});
-  });
-}
-
-void BpfPrograms::ScanThreads(int64_t prev_ws, int64_t ws,
-                              const absl::flat_hash_map<uint32_t, uint64_t>& on_cpu,
-                              WindowData* out) {
-  int fd = bpf_map__fd(sched_->maps.ps_threads);
-  const uint64_t cur = static_cast<uint64_t>(ws), prev = static_cast<uint64_t>(prev_ws);
-  auto emit = [&](uint32_t tid, const ps_thread_state& ts, uint64_t from, uint64_t kstack,
-                  int32_t kerr, uint64_t ustack, int32_t uerr, uint32_t state) {
-    from = std::max(from, prev);
-    uint64_t to = cur;
-    // Marked off-CPU at out_ns but seen running on a CPU since a later time: it came in by an
-    // unreported switch (bpf/abi.h), so it was off-CPU only until then. A CPU record older than
-    // out_ns is stale (the thread left that CPU unseen) and says nothing.
-    if (auto it = on_cpu.find(tid); it != on_cpu.end() && it->second >= ts.out_ns) {
-      to = std::min(to, it->second);
-    }
-    if (to <= from) return;
-    OffCpuRecord r;
-    r.process = proc::ProcessKey{ts.tgid, ts.tgid_start_ns, ts.exec_id};
-    r.tid = tid;
-    r.thread_name.assign(ts.comm, strnlen(ts.comm, sizeof(ts.comm)));
-    ResolveStacks(kstack, kerr, ustack, uerr, &r.stacks);
-    r.state = state;
-    r.ns = to - from;
-    r.count = 1;
-    out->offcpu.push_back(std::move(r));
-  };
-  // Batch lookups walk the hash by bucket, so concurrent inserts and deletes (threads starting
-  // and exiting) neither restart the walk nor visit an entry twice, unlike get_next_key.
-  constexpr uint32_t kBatch = 256;
-  std::vector<uint32_t> keys(kBatch);
-  std::vector<ps_thread_state> values(kBatch);
-  uint32_t in_batch = 0, out_batch = 0;
-  bool first = true;
-  uint64_t entries = 0;
-  for (;;) {
-    uint32_t count = kBatch;
-    int rc = bpf_map_lookup_batch(fd, first ? nullptr : &in_batch, &out_batch, keys.data(),
-                                  values.data(), &count, nullptr);
-    int err = rc < 0 ? errno : 0;
-    for (uint32_t i = 0; i < count; ++i) {
-      const ps_thread_state& ts = values[i];
-      ++entries;
-      if (ts.carry_ws_ns == cur) {
-        if (ts.carry_min_ok) {
-          emit(keys[i], ts, ts.carry_out_ns, ts.carry_kernel_stack, ts.carry_kernel_stack_err,
-               ts.carry_user_stack, ts.carry_user_stack_err, ts.carry_state);
-        }
-      } else if (ts.out_ns != 0 && ts.out_ns < cur) {
-        // An interval whose stacks were not captured counts only once it is long (abi.h).
-        if (cur - ts.out_ns >= min_offcpu_ns_ &&
-            (ts.stack_weight != 0 || cur - ts.out_ns >= PS_EXACT_OFFCPU_NS)) {
-          emit(keys[i], ts, ts.out_ns, ts.kernel_stack, ts.kernel_stack_err, ts.user_stack,
-               ts.user_stack_err, ts.state);
-        }
-      }
-      // Keep the stacks of threads still off-CPU: their intervals end in a later window.
-      if (ts.out_ns != 0) {
-        for (uint64_t h : {ts.kernel_stack, ts.user_stack}) {
-          auto it = stack_cache_.find(h);
-          if (it != stack_cache_.end()) it->second.last_used_window = window_index_;
-        }
-      }
-    }
-    if (rc < 0 && err != ENOENT) {
-      static RateLimitedLog log;
-      log.Log(LogLevel::kWarning, "reading ps_threads: %s", std::strerror(err));
-    }
-    if (rc < 0) break;
-    in_batch = out_batch;
-    first = false;
-  }
-  map_stats_.thread_states = entries;
-  map_stats_.thread_states_max = std::max(map_stats_.thread_states_max, entries);
-}
-
-void BpfPrograms::ScanCpus(int64_t prev_ws, int64_t ws,
-                           absl::flat_hash_map<uint32_t, uint64_t>* on_cpu, WindowData* out) {
-  int ncpu = libbpf_num_possible_cpus();
-  if (ncpu <= 0) return;
-  std::vector<ps_cpu_state> cpus(ncpu);
-  uint32_t zero = 0;
-  if (bpf_map_lookup_elem(bpf_map__fd(oncpu_->maps.ps_cpu_state), &zero, cpus.data()) != 0) return;
-  const uint64_t cur = static_cast<uint64_t>(ws), prev = static_cast<uint64_t>(prev_ws);
-  for (const ps_cpu_state& c : cpus) {
-    if (c.known && c.counted && c.tid != 0) {
-      // A tid on two CPUs: one record is stale (it left unseen); the later switch-in is current.
-      uint64_t& since = (*on_cpu)[c.tid];
-      since = std::max<uint64_t>(since, c.in_ns);
-    }
-    uint64_t from;
-    proc::ProcessKey key;
-    if (c.carry_ws_ns == cur) {
-      from = c.carry_in_ns;
-      key = {c.carry_tgid, c.carry_tgid_start_ns, c.carry_exec_id};
-    } else if (c.known && c.counted && c.tid != 0 && c.in_ns < cur) {
-      from = c.in_ns;
-      key = {c.tgid, c.tgid_start_ns, c.exec_id};
-    } else {
-      continue;
-    }
-    from = std::max(from, prev);
-    if (cur > from) out->runtime.push_back({key, cur - from});
-  }
 }
 
 void BpfPrograms::StopTracking(uint32_t tgid) {

@@ -10,10 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "agent/bpf/map_reader.h"
 #include "agent/bpf/perf_event.h"
+#include "agent/collect/collector.h"
 #include "agent/collect/records.h"
 #include "agent/unwind/unwind_tables.h"
 #include "bpf/abi.h"
@@ -41,14 +42,8 @@ class WindowSource {
   virtual BpfCounters Counters() const = 0;
 };
 
-// Gauges of the BPF maps (entries), read at each drain.
-struct BpfMapStats {
-  uint64_t thread_states = 0;      // ps_threads entries after the last drain
-  uint64_t thread_states_max = 0;  // maximum over drains
-  uint64_t stack_cache = 0;        // stacks kept by the daemon across windows
-  uint64_t stack_cache_evicted = 0;
-  uint64_t stacks_missing = 0;     // referenced stacks found nowhere ([unknown] frames)
-};
+// Gauges of the BPF maps (entries), read at each drain (agent/collect/collector.h).
+using BpfMapStats = collect::MapStats;
 
 class BpfPrograms : public WindowSource {
  public:
@@ -81,7 +76,7 @@ class BpfPrograms : public WindowSource {
   // Removes tgid from the --pid filter (ps_pid_filter): after a target exits, a process that gets
   // its pid is not sampled.
   void StopTracking(uint32_t tgid);
-  const BpfMapStats& map_stats() const { return map_stats_; }
+  const BpfMapStats& map_stats() const { return collector_->map_stats(); }
   // Window flips whose wait for in-flight programs timed out (WaitForPrograms).
   uint64_t flip_wait_timeouts() const { return flip_wait_timeouts_.load(); }
   // Unwind tables (agent/unwind/): thread-safe.
@@ -117,19 +112,8 @@ class BpfPrograms : public WindowSource {
   void Detach();
   // Runs ps_seed_threads (iter/task) once: threads off-CPU at attach get a thread state.
   void SeedSleepingThreads();
-  // Reads and empties buffer `index` (no program may be writing it) into *out.
-  void DrainBuffer(uint32_t index, WindowData* out);
-  // Attributes the parts of intervals crossing [prev_ws, ws) that BPF left to the daemon.
-  // `on_cpu`: tid -> since when ScanCpus saw it on a CPU (ktime ns), for threads whose switch-in
-  // the tracepoint did not report (their state still says off-CPU; bpf/abi.h).
-  void ScanThreads(int64_t prev_ws, int64_t ws, const absl::flat_hash_map<uint32_t, uint64_t>& on_cpu,
-                   WindowData* out);
-  // Adds the on-CPU time of the tasks running at the boundary; fills *on_cpu.
-  void ScanCpus(int64_t prev_ws, int64_t ws, absl::flat_hash_map<uint32_t, uint64_t>* on_cpu,
-                WindowData* out);
-  // Fills *pair from the stack cache; marks the stacks used in this window.
-  void ResolveStacks(uint64_t kernel_stack, int32_t kernel_err, uint64_t user_stack,
-                     int32_t user_err, StackPair* pair);
+  // The map reader and collector over the loaded maps (after LoadSched, when sched).
+  void CreateCollector(const Options& options);
 
   // Loads the unwind tables of the processes to profile and starts the
   // table service (before the sampler is attached, so their first samples unwind).
@@ -146,20 +130,11 @@ class BpfPrograms : public WindowSource {
   ps_control* control_ = nullptr;  // mmap'ed ps_control
   uint32_t active_ = 0;
   int64_t window_start_ns_ = 0;
-  uint64_t min_offcpu_ns_ = 0;
-  uint64_t window_index_ = 0;
-  // Stacks by hash, kept across windows: an off-CPU interval can end windows after the stack
-  // captured at its start was drained. Entries unused for two windows are dropped; at most
-  // kMaxCachedStacks.
-  struct CachedStack {
-    std::vector<uint64_t> ips;
-    uint32_t flags = 0;  // ps_stack.flags (user stacks: PS_UNWIND_*)
-    uint64_t last_used_window = 0;
-  };
-  absl::flat_hash_map<uint64_t, CachedStack> stack_cache_;
-  BpfMapStats map_stats_;
+  // Drain and window-boundary attribution (agent/collect/); the collector reads through
+  // map_reader_, which borrows the skeletons' map fds.
+  std::unique_ptr<BpfMapReader> map_reader_;
+  std::unique_ptr<collect::Collector> collector_;
   std::atomic<uint64_t> flip_wait_timeouts_{0};  // read by /metrics on the HTTP thread
-  static constexpr size_t kMaxCachedStacks = 65536;
 };
 
 }  // namespace parascope

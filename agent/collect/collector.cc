@@ -1,0 +1,186 @@
+#include "agent/collect/collector.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+namespace parascope::collect {
+
+Collector::Collector(MapReader* maps, const Options& options) : maps_(maps), options_(options) {}
+
+WindowData Collector::Collect(int64_t prev_ws_ns, int64_t ws_ns, uint32_t closed, bool final) {
+  WindowData out;
+  out.start_mono_ns = prev_ws_ns;
+  out.end_mono_ns = ws_ns;
+  ++window_index_;
+  DrainBuffer(closed, &out);
+  if (final) DrainBuffer(closed ^ 1, &out);
+  if (options_.sched) {
+    absl::flat_hash_map<uint32_t, uint64_t> on_cpu;
+    ScanCpus(prev_ws_ns, ws_ns, &on_cpu, &out);
+    ScanThreads(prev_ws_ns, ws_ns, on_cpu, &out);
+  }
+
+  // Keep stacks used in this or the previous window; bound the cache.
+  for (auto it = stack_cache_.begin(); it != stack_cache_.end();) {
+    if (it->second.last_used_window + 2 <= window_index_) {
+      stack_cache_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  if (stack_cache_.size() > options_.max_cached_stacks) {
+    std::vector<std::pair<uint64_t, uint64_t>> by_age;
+    for (const auto& [h, c] : stack_cache_) by_age.emplace_back(c.last_used_window, h);
+    std::sort(by_age.begin(), by_age.end());
+    for (size_t i = 0; i < by_age.size() - options_.max_cached_stacks; ++i) {
+      stack_cache_.erase(by_age[i].second);
+      ++map_stats_.stack_cache_evicted;
+    }
+  }
+  map_stats_.stack_cache = stack_cache_.size();
+  return out;
+}
+
+void Collector::ResolveStacks(uint64_t kernel_stack, int32_t kernel_err, uint64_t user_stack,
+                              int32_t user_err, StackPair* pair) {
+  auto one = [&](uint64_t hash, int32_t err, std::vector<uint64_t>* ips, int32_t* err_out,
+                 uint32_t* flags) {
+    *err_out = err;
+    if (hash == 0) return;
+    auto it = stack_cache_.find(hash);
+    if (it == stack_cache_.end()) {
+      ++map_stats_.stacks_missing;
+      *err_out = -ENOENT;
+      return;
+    }
+    it->second.last_used_window = window_index_;
+    *ips = it->second.ips;
+    *flags = it->second.flags;
+  };
+  uint32_t kernel_flags = 0;
+  one(kernel_stack, kernel_err, &pair->kernel_ips, &pair->kernel_stack_err, &kernel_flags);
+  one(user_stack, user_err, &pair->user_ips, &pair->user_stack_err, &pair->user_unwind);
+}
+
+void Collector::DrainBuffer(uint32_t index, WindowData* out) {
+  // Stacks first: records of this buffer and intervals ending later refer to them.
+  maps_->DrainStacks(index, [&](uint64_t h, const ps_stack& st) {
+    CachedStack& c = stack_cache_[h];
+    c.ips.assign(st.ips, st.ips + std::min<uint32_t>(st.len, PS_MAX_STACK_DEPTH));
+    c.flags = st.flags;
+    c.last_used_window = window_index_;
+  });
+
+  maps_->DrainOnCpu(index, [&](const ps_oncpu_key& k, const ps_oncpu_value& v) {
+    OnCpuRecord r;
+    r.process = proc::ProcessKey{k.tgid, k.tgid_start_ns, k.exec_id};
+    r.tid = k.tid;
+    r.thread_name.assign(v.comm, strnlen(v.comm, sizeof(v.comm)));
+    ResolveStacks(k.kernel_stack, k.kernel_stack_err, k.user_stack, k.user_stack_err, &r.stacks);
+    r.parallelism = std::max<uint32_t>(k.parallelism, 1);
+    r.parallelism_unknown = (k.flags & PS_SAMPLE_PARALLELISM_UNKNOWN) != 0;
+    r.count = v.count;
+    r.period_sum = v.period_sum;
+    out->oncpu.push_back(std::move(r));
+  });
+  if (!options_.sched) return;
+
+  maps_->DrainOffCpu(index, [&](const ps_offcpu_key& k, const ps_offcpu_value& v) {
+    OffCpuRecord r;
+    r.process = proc::ProcessKey{k.tgid, k.tgid_start_ns, k.exec_id};
+    r.tid = k.tid;
+    r.thread_name.assign(v.comm, strnlen(v.comm, sizeof(v.comm)));
+    ResolveStacks(k.kernel_stack, k.kernel_stack_err, k.user_stack, k.user_stack_err, &r.stacks);
+    r.state = k.state;
+    r.ns = v.ns;
+    r.count = v.count;
+    out->offcpu.push_back(std::move(r));
+  });
+
+  maps_->DrainRuntime(index, [&](const ps_runtime_key& k, uint64_t ns) {
+    out->runtime.push_back({proc::ProcessKey{k.tgid, k.tgid_start_ns, k.exec_id}, ns});
+  });
+}
+
+void Collector::ScanThreads(int64_t prev_ws, int64_t ws,
+                            const absl::flat_hash_map<uint32_t, uint64_t>& on_cpu,
+                            WindowData* out) {
+  const uint64_t cur = static_cast<uint64_t>(ws), prev = static_cast<uint64_t>(prev_ws);
+  auto emit = [&](uint32_t tid, const ps_thread_state& ts, uint64_t from, uint64_t kstack,
+                  int32_t kerr, uint64_t ustack, int32_t uerr, uint32_t state) {
+    from = std::max(from, prev);
+    uint64_t to = cur;
+    // Marked off-CPU at out_ns but seen running on a CPU since a later time: it came in by an
+    // unreported switch (bpf/abi.h), so it was off-CPU only until then. A CPU record older than
+    // out_ns is stale (the thread left that CPU unseen) and says nothing.
+    if (auto it = on_cpu.find(tid); it != on_cpu.end() && it->second >= ts.out_ns) {
+      to = std::min(to, it->second);
+    }
+    if (to <= from) return;
+    OffCpuRecord r;
+    r.process = proc::ProcessKey{ts.tgid, ts.tgid_start_ns, ts.exec_id};
+    r.tid = tid;
+    r.thread_name.assign(ts.comm, strnlen(ts.comm, sizeof(ts.comm)));
+    ResolveStacks(kstack, kerr, ustack, uerr, &r.stacks);
+    r.state = state;
+    r.ns = to - from;
+    r.count = 1;
+    out->offcpu.push_back(std::move(r));
+  };
+  uint64_t entries = 0;
+  maps_->VisitThreads([&](uint32_t tid, const ps_thread_state& ts) {
+    ++entries;
+    if (ts.carry_ws_ns == cur) {
+      if (ts.carry_min_ok) {
+        emit(tid, ts, ts.carry_out_ns, ts.carry_kernel_stack, ts.carry_kernel_stack_err,
+             ts.carry_user_stack, ts.carry_user_stack_err, ts.carry_state);
+      }
+    } else if (ts.out_ns != 0 && ts.out_ns < cur) {
+      // An interval whose stacks were not captured counts only once it is long (abi.h).
+      if (cur - ts.out_ns >= options_.min_offcpu_ns &&
+          (ts.stack_weight != 0 || cur - ts.out_ns >= PS_EXACT_OFFCPU_NS)) {
+        emit(tid, ts, ts.out_ns, ts.kernel_stack, ts.kernel_stack_err, ts.user_stack,
+             ts.user_stack_err, ts.state);
+      }
+    }
+    // Keep the stacks of threads still off-CPU: their intervals end in a later window.
+    if (ts.out_ns != 0) {
+      for (uint64_t h : {ts.kernel_stack, ts.user_stack}) {
+        auto it = stack_cache_.find(h);
+        if (it != stack_cache_.end()) it->second.last_used_window = window_index_;
+      }
+    }
+  });
+  map_stats_.thread_states = entries;
+  map_stats_.thread_states_max = std::max(map_stats_.thread_states_max, entries);
+}
+
+void Collector::ScanCpus(int64_t prev_ws, int64_t ws,
+                         absl::flat_hash_map<uint32_t, uint64_t>* on_cpu, WindowData* out) {
+  const std::vector<ps_cpu_state> cpus = maps_->ReadCpuStates();
+  const uint64_t cur = static_cast<uint64_t>(ws), prev = static_cast<uint64_t>(prev_ws);
+  for (const ps_cpu_state& c : cpus) {
+    if (c.known && c.counted && c.tid != 0) {
+      // A tid on two CPUs: one record is stale (it left unseen); the later switch-in is current.
+      uint64_t& since = (*on_cpu)[c.tid];
+      since = std::max<uint64_t>(since, c.in_ns);
+    }
+    uint64_t from;
+    proc::ProcessKey key;
+    if (c.carry_ws_ns == cur) {
+      from = c.carry_in_ns;
+      key = {c.carry_tgid, c.carry_tgid_start_ns, c.carry_exec_id};
+    } else if (c.known && c.counted && c.tid != 0 && c.in_ns < cur) {
+      from = c.in_ns;
+      key = {c.tgid, c.tgid_start_ns, c.exec_id};
+    } else {
+      continue;
+    }
+    from = std::max(from, prev);
+    if (cur > from) out->runtime.push_back({key, cur - from});
+  }
+}
+
+}  // namespace parascope::collect

@@ -1,0 +1,87 @@
+// The per-window drain and window-boundary attribution: turns what one window left in the BPF
+// maps (read through a MapReader) into WindowData records, and attributes the parts of off-CPU
+// intervals and on-CPU runs crossing the window start that BPF leaves to the daemon (bpf/abi.h
+// ps_thread_state and ps_cpu_state: carry_* fields, pending intervals).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "agent/collect/map_reader.h"
+#include "agent/collect/records.h"
+
+namespace parascope::collect {
+
+// Gauges of the BPF maps (entries), read at each drain.
+struct MapStats {
+  uint64_t thread_states = 0;      // ps_threads entries after the last drain
+  uint64_t thread_states_max = 0;  // maximum over drains
+  uint64_t stack_cache = 0;        // stacks kept by the daemon across windows
+  uint64_t stack_cache_evicted = 0;
+  uint64_t stacks_missing = 0;  // referenced stacks found nowhere ([unknown] frames)
+};
+
+// Collects one window after another from a MapReader (borrowed; must outlive the Collector) and
+// owns the stack cache that outlives single windows. Windows must be collected in order, each
+// starting where the previous one ended. Not thread-safe.
+class Collector {
+ public:
+  // Stacks kept across windows at most (CachedStack below).
+  static constexpr size_t kMaxCachedStacks = 65536;
+
+  struct Options {
+    // sched.bpf.o is loaded: ps_offcpu<N>, ps_runtime<N>, ps_threads and the scheduler's view in
+    // ps_cpu_state are read. Without it only on-CPU samples are drained.
+    bool sched = true;
+    // --off-cpu-min-duration: off-CPU intervals shorter than this (ns) are not counted (BPF
+    // applies the same minimum to the intervals it attributes: ps_cfg_min_offcpu_ns).
+    uint64_t min_offcpu_ns = 0;
+    size_t max_cached_stacks = kMaxCachedStacks;
+  };
+
+  Collector(MapReader* maps, const Options& options);
+
+  // Produces the window [prev_ws_ns, ws_ns) (ktime = CLOCK_MONOTONIC ns, the window starts the
+  // daemon wrote to ps_control.window_start_ns): drains buffer `closed`, and with `final` the
+  // other buffer too (the programs are detached, so nothing writes either); then, with sched,
+  // adds the on-CPU time of the tasks on a CPU at the boundary (ps_cpu_state) and the off-CPU
+  // time of the threads off-CPU at it, or whose interval crossed it and ended before this call
+  // (ps_threads), from max(start, prev_ws_ns) to ws_ns. The caller guarantees that no program
+  // still writes buffer `closed` and that the programs see ws_ns as the window start.
+  WindowData Collect(int64_t prev_ws_ns, int64_t ws_ns, uint32_t closed, bool final);
+
+  const MapStats& map_stats() const { return map_stats_; }
+
+ private:
+  // Reads and empties buffer `index` (no program may be writing it) into *out.
+  void DrainBuffer(uint32_t index, WindowData* out);
+  // Attributes the parts of intervals crossing [prev_ws, ws) that BPF left to the daemon.
+  // `on_cpu`: tid -> since when ScanCpus saw it on a CPU (ktime ns), for threads whose switch-in
+  // the tracepoint did not report (their state still says off-CPU; bpf/abi.h).
+  void ScanThreads(int64_t prev_ws, int64_t ws,
+                   const absl::flat_hash_map<uint32_t, uint64_t>& on_cpu, WindowData* out);
+  // Adds the on-CPU time of the tasks running at the boundary; fills *on_cpu.
+  void ScanCpus(int64_t prev_ws, int64_t ws, absl::flat_hash_map<uint32_t, uint64_t>* on_cpu,
+                WindowData* out);
+  // Fills *pair from the stack cache; marks the stacks used in this window.
+  void ResolveStacks(uint64_t kernel_stack, int32_t kernel_err, uint64_t user_stack,
+                     int32_t user_err, StackPair* pair);
+
+  MapReader* maps_;
+  Options options_;
+  uint64_t window_index_ = 0;
+  // Stacks by hash, kept across windows: an off-CPU interval can end windows after the stack
+  // captured at its start was drained. Entries unused for two windows are dropped; at most
+  // options_.max_cached_stacks (kMaxCachedStacks).
+  struct CachedStack {
+    std::vector<uint64_t> ips;
+    uint32_t flags = 0;  // ps_stack.flags (user stacks: PS_UNWIND_*)
+    uint64_t last_used_window = 0;
+  };
+  absl::flat_hash_map<uint64_t, CachedStack> stack_cache_;
+  MapStats map_stats_;
+};
+
+}  // namespace parascope::collect
