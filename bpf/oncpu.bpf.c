@@ -161,7 +161,4 @@ static __always_inline int ps_on_exec(void) {
 }
 
 SEC("tp_btf/sched_process_exec")
-int BPF_PROG(ps_process_exec_btf) { return ps_on_exec(); }
-
-SEC("raw_tp/sched_process_exec")
-int BPF_PROG(ps_process_exec_raw) { return ps_on_exec(); }
+int BPF_PROG(ps_process_exec) { return ps_on_exec(); }

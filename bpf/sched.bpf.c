@@ -10,8 +10,8 @@
  *    off-CPU is added to ps_offcpu<N> under the stack and state captured at switch-out.
  * Intervals are split at window boundaries: BPF accounts from max(start, window start); the part
  * before is the daemon's (see struct ps_thread_state in abi.h).
- * tp_btf is preferred; the raw_tp twin is autoloaded instead on kernels without it (the
- * libbpf-tools offcputime pattern). */
+ * Attached as tp_btf (BPF_PROG_TYPE_TRACING, Linux 5.5+; the floor is 5.10): its arguments are
+ * typed kernel pointers the verifier lets helpers such as bpf_get_task_stack take. */
 #include "vmlinux.h"
 
 #include <bpf/bpf_core_read.h>
@@ -341,14 +341,7 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
 }
 
 SEC("tp_btf/sched_switch")
-int BPF_PROG(ps_sched_switch_btf, bool preempt, struct task_struct *prev,
-             struct task_struct *next) {
-  return ps_on_switch(ctx, preempt, prev, next);
-}
-
-SEC("raw_tp/sched_switch")
-int BPF_PROG(ps_sched_switch_raw, bool preempt, struct task_struct *prev,
-             struct task_struct *next) {
+int BPF_PROG(ps_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next) {
   return ps_on_switch(ctx, preempt, prev, next);
 }
 
@@ -409,7 +402,4 @@ static __always_inline int ps_on_exit(struct task_struct *task) {
 }
 
 SEC("tp_btf/sched_process_exit")
-int BPF_PROG(ps_process_exit_btf, struct task_struct *task) { return ps_on_exit(task); }
-
-SEC("raw_tp/sched_process_exit")
-int BPF_PROG(ps_process_exit_raw, struct task_struct *task) { return ps_on_exit(task); }
+int BPF_PROG(ps_process_exit, struct task_struct *task) { return ps_on_exit(task); }

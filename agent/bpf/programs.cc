@@ -101,17 +101,6 @@ void DrainMap(int fd, Fn&& fn) {
   }
 }
 
-// True when the kernel's BTF describes the sched_switch tracepoint for tp_btf programs.
-bool HasBtfTracepoint(const char* name) {
-  btf* vmlinux = btf__load_vmlinux_btf();
-  if (vmlinux == nullptr) return false;
-  bool found =
-      btf__find_by_name_kind(vmlinux, absl::StrCat("btf_trace_", name).c_str(), BTF_KIND_TYPEDEF) >
-      0;
-  btf__free(vmlinux);
-  return found;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& options) {
@@ -152,9 +141,6 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   }
   skel->rodata->ps_cfg_filter_tgid = options.tgids.empty() ? 0 : 1;
   skel->rodata->ps_cfg_parallelism = options.sched ? 1 : 0;
-  const bool exec_btf = HasBtfTracepoint("sched_process_exec");
-  bpf_program__set_autoload(skel->progs.ps_process_exec_btf, exec_btf);
-  bpf_program__set_autoload(skel->progs.ps_process_exec_raw, !exec_btf);
   if (int rc = oncpu_bpf::load(skel); rc) return LibbpfError(rc, "loading oncpu.bpf.o");
 
   void* ctl = mmap(nullptr, sysconf(_SC_PAGESIZE), PROT_READ | PROT_WRITE, MAP_SHARED,
@@ -180,11 +166,8 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   std::atomic_thread_fence(std::memory_order_seq_cst);
 
   if (self->sched_ != nullptr) {
-    bool btf = self->sched_kind_ == "tp_btf";
-    for (bpf_program* p : {btf ? self->sched_->progs.ps_sched_switch_btf
-                               : self->sched_->progs.ps_sched_switch_raw,
-                           btf ? self->sched_->progs.ps_process_exit_btf
-                               : self->sched_->progs.ps_process_exit_raw}) {
+    for (bpf_program* p : {self->sched_->progs.ps_sched_switch,
+                           self->sched_->progs.ps_process_exit}) {
       bpf_link* link = bpf_program__attach(p);
       if (link == nullptr) {
         return LibbpfError(-errno, absl::StrCat("attaching ", bpf_program__name(p)));
@@ -193,7 +176,7 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
     }
   }
   {
-    bpf_program* p = exec_btf ? skel->progs.ps_process_exec_btf : skel->progs.ps_process_exec_raw;
+    bpf_program* p = skel->progs.ps_process_exec;
     bpf_link* link = bpf_program__attach(p);
     if (link == nullptr) {
       return LibbpfError(-errno, absl::StrCat("attaching ", bpf_program__name(p)));
@@ -242,13 +225,9 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   sched_->rodata->ps_cfg_offcpu = options.offcpu ? 1 : 0;
   sched_->rodata->ps_cfg_min_offcpu_ns = options.min_offcpu_ns;
   sched_->rodata->ps_cfg_stack_rate = options.offcpu_stack_rate;
-  // tp_btf where the kernel's BTF has the tracepoint, else raw_tp (libbpf-tools offcputime).
-  bool btf = HasBtfTracepoint("sched_switch") && HasBtfTracepoint("sched_process_exit");
-  sched_kind_ = btf ? "tp_btf" : "raw_tp";
-  bpf_program__set_autoload(sched_->progs.ps_sched_switch_btf, btf);
-  bpf_program__set_autoload(sched_->progs.ps_process_exit_btf, btf);
-  bpf_program__set_autoload(sched_->progs.ps_sched_switch_raw, !btf);
-  bpf_program__set_autoload(sched_->progs.ps_process_exit_raw, !btf);
+  // tp_btf only: every kernel at the 5.10 floor has it (5.5+), and the raw_tp form cannot pass
+  // the verifier (its task pointers are plain scalars there, which bpf_get_task_stack refuses).
+  sched_kind_ = "tp_btf";
   bpf_program__set_autoload(sched_->progs.ps_seed_threads, options.offcpu);
   if (int rc = sched_bpf::load(sched_); rc) return LibbpfError(rc, "loading sched.bpf.o");
   return absl::OkStatus();
@@ -653,16 +632,13 @@ void BpfPrograms::StopTracking(uint32_t tgid) {
 std::vector<BpfPrograms::ProgramStats> BpfPrograms::ProgramRunTimes() const {
   std::vector<ProgramStats> out;
   std::vector<const bpf_program*> progs = {oncpu_->progs.ps_on_cpu_sample,
-                                           oncpu_->progs.ps_process_exec_btf,
-                                           oncpu_->progs.ps_process_exec_raw};
+                                           oncpu_->progs.ps_process_exec};
   if (sched_ != nullptr) {
-    progs.insert(progs.end(), {sched_->progs.ps_sched_switch_btf, sched_->progs.ps_sched_switch_raw,
-                               sched_->progs.ps_process_exit_btf,
-                               sched_->progs.ps_process_exit_raw});
+    progs.insert(progs.end(), {sched_->progs.ps_sched_switch, sched_->progs.ps_process_exit});
   }
   for (const bpf_program* p : progs) {
     int fd = bpf_program__fd(p);
-    if (fd < 0) continue;  // not loaded (the other attach variant)
+    if (fd < 0) continue;  // not loaded
     bpf_prog_info info{};
     uint32_t len = sizeof(info);
     if (bpf_obj_get_info_by_fd(fd, &info, &len) != 0) continue;

@@ -69,9 +69,9 @@ class BpfPrograms : public WindowSource {
     proc::ProcessTable* processes = nullptr;
   };
 
-  // Opens both skeletons, sizes their maps, loads them (CO-RE; tp_btf, else raw_tp, chosen
-  // before load), fills the pid filter and attaches: sched_switch first, then the sampler on
-  // every online CPU. Errors carry libbpf's errno and what failed.
+  // Opens both skeletons, sizes their maps, loads them (CO-RE; tracepoints as tp_btf), fills the
+  // pid filter and attaches: sched_switch first, then the sampler on every online CPU. Errors
+  // carry libbpf's errno and what failed.
   static absl::StatusOr<std::unique_ptr<BpfPrograms>> Create(const Options& options);
   ~BpfPrograms() override;
 
@@ -98,7 +98,7 @@ class BpfPrograms : public WindowSource {
   size_t num_cpus() const { return events_.cpus.size(); }
   // CLOCK_MONOTONIC ns at which the first window started (attach).
   int64_t start_mono_ns() const { return window_start_ns_; }
-  // "tp_btf" or "raw_tp": how sched_switch is attached ("" without sched).
+  // How sched_switch is attached: "tp_btf" ("" without sched).
   const std::string& sched_attach_kind() const { return sched_kind_; }
 
  private:
