@@ -242,12 +242,15 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_CTR_NUM 25
 
 /* Default capacities; the daemon sizes ps_stacks<N> and ps_oncpu<N> before load from the CPU count,
- * frequency and window (agent/bpf/oncpu_program.cc). Entries are preallocated (perf_event programs
- * may only use preallocated hash maps): about sizeof(struct ps_stack) bytes per stack entry. */
+ * frequency and window, and ps_threads from the host's threads (agent/bpf/programs.cc). Every
+ * hash map is preallocated (perf_event programs may only use preallocated hash maps, and
+ * sched_switch must not allocate under the run-queue lock): about sizeof(struct ps_stack) bytes
+ * per stack entry. */
 #define PS_STACK_MAP_ENTRIES 4096
 #define PS_ONCPU_MAP_ENTRIES 4096
 #define PS_PID_FILTER_ENTRIES 1024
-#define PS_THREAD_MAP_ENTRIES 65536  /* threads tracked off-CPU at once (not preallocated) */
+#define PS_THREAD_MAP_ENTRIES 65536  /* at most, threads tracked off-CPU at once (preallocated,
+                                        ~208 bytes each; sized by the daemon) */
 #define PS_RUNNING_ENTRIES 32768     /* processes with a parallelism count */
 #define PS_OFFCPU_MAP_ENTRIES 16384
 #define PS_RUNTIME_MAP_ENTRIES 8192

@@ -29,11 +29,18 @@ const volatile __u32 ps_cfg_offcpu = 1;        /* track off-CPU intervals (off_c
 const volatile __u64 ps_cfg_min_offcpu_ns = 0; /* --off-cpu-min-duration */
 const volatile __u32 ps_cfg_stack_rate = 0;    /* --off-cpu-stack-rate (0: every switch-out) */
 
+/* Thread states by tid. Preallocated: sched_switch inserts here with the run-queue lock held,
+ * where a BPF_F_NO_PREALLOC hash would kmalloc(GFP_ATOMIC) its element (kernel/bpf/hashtab.c
+ * alloc_htab_elem), which is unsafe in that context until Linux 6.1's BPF memory allocator
+ * ("bpf: Convert hash map to bpf_mem_alloc"): the allocator may wake kswapd, and a wake-up takes
+ * a run-queue lock. Cost, all at load: 192 bytes per entry (48-byte struct htab_elem + 8-byte
+ * key + 136-byte value, plus one spare element per possible CPU) and 16 bytes of bucket, i.e.
+ * 13 MiB at PS_THREAD_MAP_ENTRIES; the daemon sizes it from the threads alive at start
+ * (agent/bpf/programs.cc LoadSched). */
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
-  __uint(max_entries, PS_THREAD_MAP_ENTRIES);
-  __uint(map_flags, BPF_F_NO_PREALLOC); /* memory only for threads seen switching out */
-  __type(key, __u32);                   /* tid */
+  __uint(max_entries, PS_THREAD_MAP_ENTRIES); /* resized by the daemon before load */
+  __type(key, __u32);                         /* tid */
   __type(value, struct ps_thread_state);
 } ps_threads SEC(".maps");
 
@@ -386,8 +393,9 @@ int ps_seed_threads(struct bpf_iter__task *ctx) {
   ts.kernel_stack = ps_store_stack(stacks, st, bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0),
                                    0, &ts.kernel_stack_err);
   ts.out_ns = ctl->window_start_ns;
-  if (bpf_map_update_elem(&ps_threads, &tid, &ts, BPF_NOEXIST) == -ENOMEM)
-    ps_count(PS_CTR_THREAD_MAP_FULL);
+  long err = bpf_map_update_elem(&ps_threads, &tid, &ts, BPF_NOEXIST);
+  if (err && err != -EEXIST)
+    ps_count(PS_CTR_THREAD_MAP_FULL); /* -E2BIG: a full preallocated map */
   return 0;
 }
 

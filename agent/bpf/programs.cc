@@ -14,8 +14,11 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "agent/collect/window_clock.h"
+#include "agent/proc/read_file.h"
 #include "agent/util/log.h"
 #include "agent/util/status.h"
 #include "oncpu.skel.h"
@@ -99,6 +102,21 @@ void DrainMap(int fd, Fn&& fn) {
     in_batch = out_batch;
     first = false;
   }
+}
+
+// Kernel scheduling entities (threads) that exist now: the number after the slash in the fourth
+// field of /proc/loadavg (proc(5); fs/proc/loadavg.c prints nr_threads). 0 when unreadable.
+uint64_t HostThreads() {
+  absl::StatusOr<std::string> text = proc::ReadFileToString("/proc/loadavg");
+  if (!text.ok()) return 0;
+  std::vector<absl::string_view> fields = absl::StrSplit(*text, ' ', absl::SkipEmpty());
+  if (fields.size() < 4) return 0;
+  size_t slash = fields[3].find('/');
+  uint64_t n = 0;
+  if (slash == absl::string_view::npos || !absl::SimpleAtoi(fields[3].substr(slash + 1), &n)) {
+    return 0;
+  }
+  return n;
 }
 
 }  // namespace
@@ -221,6 +239,18 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
       return LibbpfError(rc, absl::StrCat("sharing map ", bpf_map__name(s.mine)));
     }
   }
+  // ps_threads is preallocated (bpf/sched.bpf.c: ~208 bytes per entry, 13 MiB at
+  // PS_THREAD_MAP_ENTRIES): twice the threads alive now, so the host can grow before the map is
+  // full (then switch-outs are counted, PS_CTR_THREAD_MAP_FULL, and lost), at least 8192 (1.6
+  // MiB). Without off-CPU tracking nothing is stored in it: one entry.
+  const uint64_t threads = HostThreads();
+  const uint32_t thread_entries =
+      options.offcpu ? std::clamp<uint32_t>(NextPow2(2 * threads), 8192, PS_THREAD_MAP_ENTRIES) : 1;
+  if (int rc = bpf_map__set_max_entries(sched_->maps.ps_threads, thread_entries); rc) {
+    return LibbpfError(rc, "sizing the thread state map");
+  }
+  Log(LogLevel::kDebug, "ps_threads: %d entries (%d threads on the host), about %d KiB",
+      thread_entries, threads, uint64_t{thread_entries} * 208 / 1024);
   sched_->rodata->ps_cfg_filter_tgid = options.tgids.empty() ? 0 : 1;
   sched_->rodata->ps_cfg_offcpu = options.offcpu ? 1 : 0;
   sched_->rodata->ps_cfg_min_offcpu_ns = options.min_offcpu_ns;
