@@ -62,6 +62,11 @@ struct ps_runtime_map {
 struct ps_runtime_map ps_runtime0 SEC(".maps");
 struct ps_runtime_map ps_runtime1 SEC(".maps");
 
+/* Off-CPU stacks, written by sched_switch and the seeding iterator only: the on-CPU sampler
+ * has its own ps_stacks<N> (common.bpf.h, "Maps written from NMI context"). */
+struct ps_stack_map ps_sched_stacks0 SEC(".maps");
+struct ps_stack_map ps_sched_stacks1 SEC(".maps");
+
 struct {
   __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
   __uint(max_entries, 1);
@@ -87,7 +92,7 @@ static __always_inline void ps_add_u64(void *map, void *key, __u64 delta, __u32 
     __u64 zero = 0;
     long err = bpf_map_update_elem(map, key, &zero, BPF_NOEXIST);
     if (err && err != -EEXIST) {
-      ps_count(full_ctr);
+      ps_count_insert_error(err, full_ctr);
       return;
     }
     v = bpf_map_lookup_elem(map, key);
@@ -105,7 +110,7 @@ static __always_inline void ps_add_offcpu(void *map, struct ps_offcpu_key *key, 
     __builtin_memcpy(init.comm, comm, sizeof(init.comm));
     long err = bpf_map_update_elem(map, key, &init, BPF_NOEXIST);
     if (err && err != -EEXIST) {
-      ps_count(PS_CTR_OFFCPU_MAP_FULL);
+      ps_count_insert_error(err, PS_CTR_OFFCPU_MAP_FULL);
       return;
     }
     v = bpf_map_lookup_elem(map, key);
@@ -138,7 +143,7 @@ static __always_inline void ps_switch_in(struct task_struct *task, __u32 tid, __
       struct ps_stack *st = bpf_map_lookup_elem(&ps_sched_scratch, &zero);
       if (st) {
         st->flags = 0;
-        void *stacks = buf == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
+        void *stacks = buf == 0 ? (void *)&ps_sched_stacks0 : (void *)&ps_sched_stacks1;
         __s32 err;
         __u64 h = ps_store_stack(stacks, st, bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0),
                                  0, &err);
@@ -223,7 +228,7 @@ static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, _
     struct ps_thread_state init = {};
     long err = bpf_map_update_elem(&ps_threads, &tid, &init, BPF_NOEXIST);
     if (err && err != -EEXIST) {
-      ps_count(PS_CTR_THREAD_MAP_FULL);
+      ps_count_insert_error(err, PS_CTR_THREAD_MAP_FULL);
       return;
     }
     ts = bpf_map_lookup_elem(&ps_threads, &tid);
@@ -243,7 +248,7 @@ static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, _
     state = PS_STATE_SLEEPING; /* interruptible, TASK_IDLE, stopped, traced */
   ts->stack_weight = ps_stack_sample(ts, now);
   if (ts->stack_weight) {
-    void *stacks = buf == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
+    void *stacks = buf == 0 ? (void *)&ps_sched_stacks0 : (void *)&ps_sched_stacks1;
     __u64 tgid_start_ns = BPF_CORE_READ(prev, group_leader, start_boottime);
     ts->kernel_stack = ps_capture_kernel_stack(ctx, &ps_sched_scratch, stacks, &ts->kernel_stack_err);
     ts->user_stack = ps_capture_user_stack(0, stacks, tgid, tgid_start_ns, ps_exec_id(prev),
@@ -314,16 +319,17 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
   if (!ps_cpu_first_seen(cs, ctl)) {
     if (cs->tid == prev_tid) {
       prev_in_ns = cs->in_ns;
+      if (cs->in_running)
+        ps_running_add(cs->tgid, -1, 0);
       if (cs->counted && prev_tid != 0) {
-        ps_running_add(cs->tgid, -1);
         ps_add_runtime(cs, cs->tgid, cs->tgid_start_ns, cs->exec_id, cs->in_ns, now, ws, buf, 1);
       }
     } else {
       /* The tracepoint missed switches on this CPU (abi.h): the recorded task left unseen (return
        * its count) and prev came in unseen. */
       ps_count(PS_CTR_SWITCH_CHAIN_BREAKS);
-      if (cs->counted)
-        ps_running_add(cs->tgid, -1);
+      if (cs->in_running)
+        ps_running_add(cs->tgid, -1, 0);
       prev_in_ns = ps_unseen_switch_ns(cs, now);
       if (prev_tracked)
         ps_add_runtime(cs, prev_tgid, BPF_CORE_READ(prev, group_leader, start_boottime),
@@ -339,7 +345,7 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
   int counted = next_tid != 0 && ps_tgid_tracked(next_tgid);
   ps_cpu_record(cs, next_tid, next_tgid,
                 counted ? BPF_CORE_READ(next, group_leader, start_boottime) : 0,
-                counted ? ps_exec_id(next) : 0, now, counted);
+                counted ? ps_exec_id(next) : 0, now, counted, /*may_insert=*/1);
   if (counted && ps_cfg_offcpu)
     ps_switch_in(next, next_tid, now, ws, buf);
   ps_barrier();
@@ -352,20 +358,36 @@ int BPF_PROG(ps_sched_switch, bool preempt, struct task_struct *prev, struct tas
   return ps_on_switch(ctx, preempt, prev, next);
 }
 
-/* Seeds ps_threads with the threads that are off-CPU when the agent attaches, so a thread asleep
+/* Gives tgid a ps_running entry (count 0) unless it has one: the sampler, which may find the
+ * process's threads running before any switch showed them, only adds to existing entries
+ * (common.bpf.h, "Maps written from NMI context"). */
+static __always_inline void ps_running_seed(__u32 tgid) {
+  if (bpf_map_lookup_elem(&ps_running, &tgid))
+    return;
+  __s64 zero = 0;
+  long err = bpf_map_update_elem(&ps_running, &tgid, &zero, BPF_NOEXIST);
+  if (err && err != -EEXIST)
+    ps_count_insert_error(err, PS_CTR_RUNNING_MAP_FULL);
+}
+
+/* Run once by the daemon through an iterator fd after sched_switch is attached and before the
+ * sampler is. Gives every tracked process a ps_running entry (ps_running_seed). With off-CPU
+ * tracking, also seeds ps_threads with the threads that are off-CPU at attach, so a thread asleep
  * since before attach is accounted from the attach on (a thread blocked for the whole window
- * contributes the whole window), instead of appearing only after it first wakes. Run once by the
- * daemon through an iterator fd after sched_switch is attached; BPF_NOEXIST keeps states that a
- * real switch-out created meanwhile. The kernel stack comes from bpf_get_task_stack(); a sleeping
- * task's user registers are not reachable from here, so its user stack is marked
- * PS_ERR_ASLEEP_AT_ATTACH. */
+ * contributes the whole window), instead of appearing only after it first wakes; BPF_NOEXIST
+ * keeps states that a real switch-out created meanwhile. The kernel stack comes from
+ * bpf_get_task_stack(); a sleeping task's user registers are not reachable from here, so its
+ * user stack is marked PS_ERR_ASLEEP_AT_ATTACH. */
 SEC("iter/task")
 int ps_seed_threads(struct bpf_iter__task *ctx) {
   struct task_struct *task = ctx->task;
   if (!task)
     return 0;
   __u32 tid = task->pid, tgid = task->tgid;
-  if (tid == 0 || !ps_tgid_tracked(tgid) || task->on_cpu)
+  if (tid == 0 || !ps_tgid_tracked(tgid))
+    return 0;
+  ps_running_seed(tgid);
+  if (!ps_cfg_offcpu || task->on_cpu)
     return 0;
   if (bpf_map_lookup_elem(&ps_threads, &tid))
     return 0;
@@ -389,13 +411,13 @@ int ps_seed_threads(struct bpf_iter__task *ctx) {
   ts.user_stack_err = PS_ERR_ASLEEP_AT_ATTACH;
   ts.stack_weight = 1;
   st->flags = 0;
-  void *stacks = ctl->active_buffer == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
+  void *stacks = ctl->active_buffer == 0 ? (void *)&ps_sched_stacks0 : (void *)&ps_sched_stacks1;
   ts.kernel_stack = ps_store_stack(stacks, st, bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0),
                                    0, &ts.kernel_stack_err);
   ts.out_ns = ctl->window_start_ns;
   long err = bpf_map_update_elem(&ps_threads, &tid, &ts, BPF_NOEXIST);
   if (err && err != -EEXIST)
-    ps_count(PS_CTR_THREAD_MAP_FULL); /* -E2BIG: a full preallocated map */
+    ps_count_insert_error(err, PS_CTR_THREAD_MAP_FULL);
   return 0;
 }
 

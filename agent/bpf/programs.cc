@@ -131,14 +131,13 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   oncpu_bpf* skel = self->oncpu_;
 
   // Map sizes from the samples one window can hold: CPUs * Hz * seconds, twice for separate
-  // user and kernel stacks, plus off-CPU stacks. Distinct stacks are usually far fewer; a full
-  // map is counted (PS_CTR_*_MAP_FULL), never silent. 16384 entries cap the preallocated stack
-  // memory at 16 MiB per buffer.
+  // user and kernel stacks (off-CPU stacks have maps of their own, sized in LoadSched). Distinct
+  // stacks are usually far fewer; a full map is counted (PS_CTR_*_MAP_FULL), never silent. 16384
+  // entries cap the preallocated stack memory at 16 MiB per buffer.
   double per_window = static_cast<double>(self->events_.cpus.size()) * options.frequency_hz *
                       absl::ToDoubleSeconds(options.collect_interval);
   uint32_t stack_entries =
-      std::clamp<uint32_t>(NextPow2(static_cast<uint64_t>(2 * per_window)),
-                           options.offcpu ? 8192 : 1024, 16384);
+      std::clamp<uint32_t>(NextPow2(static_cast<uint64_t>(2 * per_window)), 1024, 16384);
   uint32_t agg_entries =
       std::clamp<uint32_t>(NextPow2(static_cast<uint64_t>(per_window)), 1024, 16384);
   for (bpf_map* m : {skel->maps.ps_stacks0, skel->maps.ps_stacks1}) {
@@ -201,7 +200,7 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
     }
     self->links_.push_back(link);
   }
-  if (self->sched_ != nullptr && options.offcpu) self->SeedSleepingThreads();
+  if (self->sched_ != nullptr) self->SeedSleepingThreads();
   for (size_t i = 0; i < self->events_.fds.size(); ++i) {
     bpf_link* link =
         bpf_program__attach_perf_event(skel->progs.ps_on_cpu_sample, self->events_.fds[i].get());
@@ -225,8 +224,6 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   for (Shared s : {Shared{sched_->maps.ps_counters, oncpu_->maps.ps_counters},
                    Shared{sched_->maps.ps_control, oncpu_->maps.ps_control},
                    Shared{sched_->maps.ps_pid_filter, oncpu_->maps.ps_pid_filter},
-                   Shared{sched_->maps.ps_stacks0, oncpu_->maps.ps_stacks0},
-                   Shared{sched_->maps.ps_stacks1, oncpu_->maps.ps_stacks1},
                    Shared{sched_->maps.ps_running, oncpu_->maps.ps_running},
                    Shared{sched_->maps.ps_cpu_state, oncpu_->maps.ps_cpu_state},
                    Shared{sched_->maps.ps_unwind_procs, oncpu_->maps.ps_unwind_procs},
@@ -251,6 +248,15 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   }
   Log(LogLevel::kDebug, "ps_threads: %d entries (%d threads on the host), about %d KiB",
       thread_entries, threads, uint64_t{thread_entries} * 208 / 1024);
+  // Off-CPU stacks (switch-out, and switch-in for long uncaptured intervals): their own maps, so
+  // that the NMI sampler never waits on a lock sched_switch holds (bpf/common.bpf.h). About 1 KiB
+  // per entry, 8 MiB per buffer; unused without off-CPU tracking.
+  for (bpf_map* m : {sched_->maps.ps_sched_stacks0, sched_->maps.ps_sched_stacks1}) {
+    if (int rc = bpf_map__set_max_entries(m, options.offcpu ? PS_SCHED_STACK_MAP_ENTRIES : 1);
+        rc) {
+      return LibbpfError(rc, "sizing the off-CPU stack maps");
+    }
+  }
   sched_->rodata->ps_cfg_filter_tgid = options.tgids.empty() ? 0 : 1;
   sched_->rodata->ps_cfg_offcpu = options.offcpu ? 1 : 0;
   sched_->rodata->ps_cfg_min_offcpu_ns = options.min_offcpu_ns;
@@ -258,7 +264,6 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   // tp_btf only: every kernel at the 5.10 floor has it (5.5+), and the raw_tp form cannot pass
   // the verifier (its task pointers are plain scalars there, which bpf_get_task_stack refuses).
   sched_kind_ = "tp_btf";
-  bpf_program__set_autoload(sched_->progs.ps_seed_threads, options.offcpu);
   if (int rc = sched_bpf::load(sched_); rc) return LibbpfError(rc, "loading sched.bpf.o");
   return absl::OkStatus();
 }
@@ -380,10 +385,12 @@ unwind::UnwindTableStats BpfPrograms::unwind_stats() const {
 }
 
 void BpfPrograms::SeedSleepingThreads() {
-  // Best effort: without it, threads asleep since before attach appear from their first wake-up.
+  // Best effort: without it, threads running at attach count in parallelism from their next
+  // switch-in, and threads asleep since before attach appear from their first wake-up.
   bpf_link* link = bpf_program__attach_iter(sched_->progs.ps_seed_threads, nullptr);
   if (link == nullptr) {
-    Log(LogLevel::kWarning, "cannot seed sleeping threads (iter/task): %s", std::strerror(errno));
+    Log(LogLevel::kWarning, "cannot seed running processes and sleeping threads (iter/task): %s",
+        std::strerror(errno));
     return;
   }
   int fd = bpf_iter_create(bpf_link__fd(link));
@@ -507,12 +514,19 @@ void BpfPrograms::ResolveStacks(uint64_t kernel_stack, int32_t kernel_err, uint6
 void BpfPrograms::DrainBuffer(uint32_t index, WindowData* out) {
   // Stacks first: records of this buffer and intervals ending later refer to them.
   int stacks_fd = bpf_map__fd(index == 0 ? oncpu_->maps.ps_stacks0 : oncpu_->maps.ps_stacks1);
-  DrainMap<uint64_t, ps_stack>(stacks_fd, [&](uint64_t h, const ps_stack& st) {
+  auto cache_stack = [&](uint64_t h, const ps_stack& st) {
     CachedStack& c = stack_cache_[h];
     c.ips.assign(st.ips, st.ips + std::min<uint32_t>(st.len, PS_MAX_STACK_DEPTH));
     c.flags = st.flags;
     c.last_used_window = window_index_;
-  });
+  };
+  DrainMap<uint64_t, ps_stack>(stacks_fd, cache_stack);
+  if (sched_ != nullptr) {
+    // sched_switch's own stacks (bpf/common.bpf.h): one cache, one hash per stack either way.
+    DrainMap<uint64_t, ps_stack>(
+        bpf_map__fd(index == 0 ? sched_->maps.ps_sched_stacks0 : sched_->maps.ps_sched_stacks1),
+        cache_stack);
+  }
 
   int agg_fd = bpf_map__fd(index == 0 ? oncpu_->maps.ps_oncpu0 : oncpu_->maps.ps_oncpu1);
   DrainMap<ps_oncpu_key, ps_oncpu_value>(agg_fd, [&](const ps_oncpu_key& k,

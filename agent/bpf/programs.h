@@ -109,7 +109,9 @@ class BpfPrograms : public WindowSource {
   // disabled: perf_event programs in IRQ/NMI context, tracepoints under the runqueue lock).
   absl::Status WaitForCpus();
   void Detach();
-  // Runs ps_seed_threads (iter/task) once: threads off-CPU at attach get a thread state.
+  // Runs ps_seed_threads (iter/task) once, before the sampler is attached: every tracked process
+  // gets a parallelism entry (the sampler only adds to existing ones, bpf/common.bpf.h) and, with
+  // off-CPU tracking, threads off-CPU at attach get a thread state.
   void SeedSleepingThreads();
   // Reads and empties buffer `index` (no program may be writing it) into *out.
   void DrainBuffer(uint32_t index, WindowData* out);
