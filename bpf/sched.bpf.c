@@ -4,7 +4,8 @@
  * On every sched_switch:
  *  - prev leaves its CPU: its tgid's running-thread count (parallelism, read by the on-CPU
  *    sampler) drops, its exact on-CPU time is added to ps_runtime<N>, and its switch-out time,
- *    state and stacks are stored per tid in ps_threads (a global hash, not per-CPU: threads wake
+ *    state (the tracepoint's prev_state where it has one) and stacks are stored per tid in
+ *    ps_threads (a global hash, not per-CPU: threads wake
  *    on other CPUs);
  *  - next enters: its count rises and, if it was switched out before, the interval it spent
  *    off-CPU is added to ps_offcpu<N> under the stack and state captured at switch-out.
@@ -74,7 +75,9 @@ struct {
   __type(value, struct ps_stack);
 } ps_sched_scratch SEC(".maps");
 
-/* task_struct::state was renamed __state in Linux 5.14 (commit 2f064a59a11f). */
+/* prev's state where the tracepoint does not pass it (ps_sched_switch3), and a task's state in
+ * the seeding iterator. task_struct::state was renamed __state in Linux 5.14 (commit
+ * 2f064a59a11f). */
 struct task_struct___pre514 {
   long state;
 } __attribute__((preserve_access_index));
@@ -213,12 +216,11 @@ static __always_inline __u32 ps_stack_sample(struct ps_thread_state *ts, __u64 n
   return w;
 }
 
-/* prev is switched out at `now` (runs in prev's context: stacks are prev's); it came in at in_ns
- * (0: unknown). */
+/* prev is switched out at `now` (runs in prev's context: stacks are prev's) in task state `st`
+ * (task_struct::__state bits, PS_TASK_*); it came in at in_ns (0: unknown). */
 static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, __u32 tid,
-                                          __u32 tgid, int preempt, __u64 now, __u64 in_ns,
-                                          __u64 ws, __u32 buf) {
-  __u32 st = ps_task_state(prev);
+                                          __u32 tgid, int preempt, __u32 st, __u64 now,
+                                          __u64 in_ns, __u64 ws, __u32 buf) {
   if (st & PS_TASK_DEAD) {
     bpf_map_delete_elem(&ps_threads, &tid);
     return;
@@ -295,8 +297,11 @@ static __always_inline void ps_add_runtime(struct ps_cpu_state *cs, __u32 tgid,
   }
 }
 
+/* One switch from prev to next. `state_arg`: the tracepoint passed prev's state as prev_state
+ * (a constant per program, so each variant compiles to one path); else it is read from prev. */
 static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_struct *prev,
-                                        struct task_struct *next) {
+                                        struct task_struct *next, int state_arg,
+                                        __u32 prev_state) {
   __u32 zero = 0;
   struct ps_control *ctl = ps_get_control();
   struct ps_cpu_state *cs = bpf_map_lookup_elem(&ps_cpu_state, &zero);
@@ -337,7 +342,8 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
     }
   }
   if (ps_cfg_offcpu && prev_tracked) {
-    ps_switch_out(ctx, prev, prev_tid, prev_tgid, preempt, now, prev_in_ns, ws, buf);
+    __u32 st = state_arg ? prev_state : ps_task_state(prev);
+    ps_switch_out(ctx, prev, prev_tid, prev_tgid, preempt, st, now, prev_in_ns, ws, buf);
     now = bpf_ktime_get_ns(); /* next comes in after prev's stack walks */
   }
 
@@ -353,9 +359,24 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
   return 0;
 }
 
+/* sched_switch has passed prev's state as a 4th argument since Linux 5.18 (commit fa2c3254d7cf,
+ * "sched/tracing: Don't re-read p->state when emitting sched_switch event"): the state
+ * __schedule() acted on. Reading prev->__state in the tracepoint races with a wake-up on another
+ * CPU that has already set it to TASK_WAKING, and an uninterruptible wait would then be
+ * recorded as an interruptible one. The daemon loads exactly one of the two variants, by the
+ * parameters of the kernel's btf_trace_sched_switch (agent/bpf/probe.h TracepointArgCount):
+ * this one for 4, ps_sched_switch3 for 3. The choice is made before load: the verifier refuses
+ * a program reading an argument its tracepoint does not have. */
 SEC("tp_btf/sched_switch")
-int BPF_PROG(ps_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next) {
-  return ps_on_switch(ctx, preempt, prev, next);
+int BPF_PROG(ps_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
+             unsigned int prev_state) {
+  return ps_on_switch(ctx, preempt, prev, next, 1, prev_state);
+}
+
+/* The 3-argument tracepoint (kernels before 5.18): prev's state read from the task. */
+SEC("tp_btf/sched_switch")
+int BPF_PROG(ps_sched_switch3, bool preempt, struct task_struct *prev, struct task_struct *next) {
+  return ps_on_switch(ctx, preempt, prev, next, 0, 0);
 }
 
 /* Gives tgid a ps_running entry (count 0) unless it has one: the sampler, which may find the

@@ -1,6 +1,8 @@
 #include "agent/bpf/probe.h"
 
+#include <bpf/btf.h>
 #include <bpf/libbpf.h>
+#include <linux/btf.h>
 #include <linux/capability.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -24,6 +26,21 @@ bool HasEffectiveCapability(int cap) {
 }
 
 }  // namespace
+
+int TracepointArgCount(const struct btf* btf, const char* name) {
+  int id = btf__find_by_name_kind(btf, absl::StrCat("btf_trace_", name).c_str(), BTF_KIND_TYPEDEF);
+  if (id <= 0) return -ENOENT;
+  // typedef -> (modifiers) -> pointer -> (modifiers) -> function prototype.
+  auto skip_mods = [btf](const btf_type* t) {
+    while (t != nullptr && (btf_is_mod(t) || btf_is_typedef(t))) t = btf__type_by_id(btf, t->type);
+    return t;
+  };
+  const btf_type* t = skip_mods(btf__type_by_id(btf, id));
+  if (t == nullptr || !btf_is_ptr(t)) return -EINVAL;
+  t = skip_mods(btf__type_by_id(btf, t->type));
+  if (t == nullptr || !btf_is_func_proto(t) || btf_vlen(t) < 1) return -EINVAL;
+  return btf_vlen(t) - 1;
+}
 
 absl::Status ProbeBpfEnvironment() {
   struct stat st;

@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "agent/bpf/probe.h"
 #include "agent/collect/window_clock.h"
 #include "agent/proc/read_file.h"
 #include "agent/util/log.h"
@@ -184,7 +185,9 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
 
   if (self->sched_ != nullptr) {
     for (bpf_program* p : {self->sched_->progs.ps_sched_switch,
+                           self->sched_->progs.ps_sched_switch3,
                            self->sched_->progs.ps_process_exit}) {
+      if (!bpf_program__autoload(p)) continue;  // the sched_switch variant not chosen
       bpf_link* link = bpf_program__attach(p);
       if (link == nullptr) {
         return LibbpfError(-errno, absl::StrCat("attaching ", bpf_program__name(p)));
@@ -264,6 +267,27 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   // tp_btf only: every kernel at the 5.10 floor has it (5.5+), and the raw_tp form cannot pass
   // the verifier (its task pointers are plain scalars there, which bpf_get_task_stack refuses).
   sched_kind_ = "tp_btf";
+  // The sched_switch variant by the tracepoint's arguments in the kernel's BTF, not by version:
+  // 4 (prev_state, Linux 5.18+) -> ps_sched_switch, 3 -> ps_sched_switch3 (bpf/sched.bpf.c).
+  int args = options.sched_switch_args;
+  if (args == 0) {
+    btf* vmlinux = btf__load_vmlinux_btf();
+    if (vmlinux == nullptr) return LibbpfError(-errno, "loading the kernel's BTF");
+    args = TracepointArgCount(vmlinux, "sched_switch");
+    btf__free(vmlinux);
+    if (args < 3) {
+      std::string why = args < 0 ? std::strerror(-args) : absl::StrCat(args, " arguments");
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the kernel's BTF has no usable sched_switch tracepoint (btf_trace_sched_switch: ", why,
+          ")"));
+    }
+  }
+  const bool with_state = args >= 4;
+  bpf_program__set_autoload(sched_->progs.ps_sched_switch, with_state);
+  bpf_program__set_autoload(sched_->progs.ps_sched_switch3, !with_state);
+  Log(LogLevel::kDebug, "sched_switch: %d-argument tracepoint, loading %s", args,
+      with_state ? "ps_sched_switch (prev's state from the prev_state argument)"
+                 : "ps_sched_switch3 (prev's state read from its task_struct)");
   if (int rc = sched_bpf::load(sched_); rc) return LibbpfError(rc, "loading sched.bpf.o");
   return absl::OkStatus();
 }
@@ -678,11 +702,12 @@ std::vector<BpfPrograms::ProgramStats> BpfPrograms::ProgramRunTimes() const {
   std::vector<const bpf_program*> progs = {oncpu_->progs.ps_on_cpu_sample,
                                            oncpu_->progs.ps_process_exec};
   if (sched_ != nullptr) {
-    progs.insert(progs.end(), {sched_->progs.ps_sched_switch, sched_->progs.ps_process_exit});
+    progs.insert(progs.end(), {sched_->progs.ps_sched_switch, sched_->progs.ps_sched_switch3,
+                               sched_->progs.ps_process_exit});
   }
   for (const bpf_program* p : progs) {
     int fd = bpf_program__fd(p);
-    if (fd < 0) continue;  // not loaded
+    if (fd < 0) continue;  // not loaded (the sched_switch variant not chosen)
     bpf_prog_info info{};
     uint32_t len = sizeof(info);
     if (bpf_obj_get_info_by_fd(fd, &info, &len) != 0) continue;

@@ -61,6 +61,11 @@ class BpfPrograms : public WindowSource {
     // Off-CPU stack captures per second per thread before stacks are sampled (bpf/abi.h,
     // PS_RATE_PERIOD_NS); 0 captures every switch-out.
     uint32_t offcpu_stack_rate = 0;
+    // Arguments of the sched_switch tracepoint to build for: 0 reads them from the kernel's BTF
+    // (agent/bpf/probe.h TracepointArgCount): 4 since Linux 5.18, which pass prev_state, else 3.
+    // 3 forces the fallback that reads prev's state from its task_struct (tests use it where
+    // the 4-argument form exists); 4 where the tracepoint has 3 fails to load.
+    int sched_switch_args = 0;
     // Bytes of BPF array memory for unwind table rows (bpf/abi.h struct ps_unwind_row, 16
     // bytes each); allocated at load, charged to the agent's memory cgroup.
     uint64_t unwind_table_bytes = uint64_t{PS_UNWIND_ROW_ENTRIES} * sizeof(ps_unwind_row);
