@@ -1,7 +1,7 @@
 // Root tests of the scheduler programs themselves (bpf/sched.bpf.c): both sched_switch variants
 // load and record sleeps on this kernel (the 3-argument one is the fallback for kernels before
-// 5.18, forced here), and the parallelism counts that the sampler only reads stay within the
-// threads that exist.
+// 5.18, forced here), the start-up probes pass, and the parallelism counts that the sampler only
+// reads stay within the threads that exist.
 #include <bpf/btf.h>
 #include <pthread.h>
 #include <signal.h>
@@ -35,6 +35,13 @@ void* Spin(void*) {
 }
 
 }  // namespace
+
+TEST_CASE("bpf: the start-up probes pass on this kernel", "[root][bpf]") {
+  if (!RequireRoot()) return;
+  absl::Status st = ProbeBpfEnvironment();
+  INFO(st.message());
+  CHECK(st.ok());
+}
 
 TEST_CASE("bpf: sched_switch loads as the kernel's BTF says, and as the 3-argument fallback; "
           "both record a sleeping thread's time",
