@@ -1,6 +1,7 @@
 # Multi-stage image: build on Debian 12 with the project's own setup script, ship the agent only.
-# Build: podman build --isolation chroot -t parascope .   (needs /sys/kernel/btf/vmlinux on the
-# build host for vmlinux.h; CO-RE makes the result portable to other BTF kernels)
+# Build: podman build --isolation chroot -t parascope .   (x86_64; the BPF programs build against
+# the pinned bpf/vmlinux/x86_64/vmlinux.h, so the build host needs no kernel BTF; CO-RE makes the
+# result portable to BTF kernels 5.10+)
 # Run:   podman run --privileged --pid=host -v /sys/kernel/debug:/sys/kernel/debug parascope
 FROM docker.io/library/debian:12 AS build
 WORKDIR /src

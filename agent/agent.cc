@@ -128,6 +128,24 @@ class AgentMetrics {
               {{"runtime"}, static_cast<double>(c[PS_CTR_RUNTIME_MAP_FULL])}};
         }));
     regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_bpf_map_busy_total",
+        "BPF map inserts that found the map's bucket lock held on their CPU (-EBUSY, Linux "
+        "5.11+): the sample, interval or stack is lost as with a full map, but the map is not "
+        "full (bpf/common.bpf.h).",
+        {}, [this] {
+          return std::vector<CallbackSample>{
+              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_MAP_BUSY])}};
+        }));
+    regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_parallelism_uncounted_total",
+        "Tasks an on-CPU sample found switched in unseen whose process had no parallelism "
+        "entry: the sampler creates none (it may run in NMI context), so the task counts in "
+        "parallelism from its next switch-in.",
+        {}, [this] {
+          return std::vector<CallbackSample>{
+              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_RUNNING_UNCOUNTED])}};
+        }));
+    regs_.push_back(registry->AddCallback(
         MetricType::kCounter, "parascope_sched_switches_total", "sched_switch events traced.",
         {}, [this] {
           return std::vector<CallbackSample>{
@@ -752,8 +770,9 @@ absl::Status RunAgent(const Config& config) {
       "stopped: windows=%d flip_wait_timeouts=%d samples_taken=%d samples_in_profiles=%d profiles_written=%d "
       "export_errors=%d switches=%d switches_unseen(chain=%d sample=%d) "
       "offcpu_stacks(not_captured=%d weighted=%d) offcpu_ns=%d sampled_cpu_ns=%d exact_cpu_ns=%d "
-      "samples_parallelism_unknown=%d lost(agg_map_full=%d stack_map_full=%d "
-      "thread_map_full=%d offcpu_map_full=%d running_map_full=%d runtime_map_full=%d) "
+      "samples_parallelism_unknown=%d parallelism_uncounted=%d lost(agg_map_full=%d "
+      "stack_map_full=%d thread_map_full=%d offcpu_map_full=%d running_map_full=%d "
+      "runtime_map_full=%d map_busy=%d) "
       "stacks(user_lost=%d kernel_lost=%d truncated=%d missing=%d) thread_states=%d "
       "thread_states_max=%d symbolize(frames=%d no_mapping=%d no_elf=%d no_symbol=%d "
       "kernel_no_symbol=%d) processes(vanished=%d) unwind(complete=%d truncated=%d "
@@ -762,9 +781,10 @@ absl::Status RunAgent(const Config& config) {
       windows, bpf->flip_wait_timeouts(), c[PS_CTR_SAMPLES], ps.samples, profiles_written, export_errors,
       c[PS_CTR_SWITCHES], c[PS_CTR_SWITCH_CHAIN_BREAKS], c[PS_CTR_SAMPLE_REPAIRS],
       c[PS_CTR_OFFCPU_NOT_CAPTURED], c[PS_CTR_OFFCPU_WEIGHTED], ps.offcpu_ns, ps.sampled_cpu_ns, ps.exact_cpu_ns,
-      ps.samples_parallelism_unknown, c[PS_CTR_AGG_MAP_FULL], c[PS_CTR_STACK_MAP_FULL],
-      c[PS_CTR_THREAD_MAP_FULL], c[PS_CTR_OFFCPU_MAP_FULL], c[PS_CTR_RUNNING_MAP_FULL],
-      c[PS_CTR_RUNTIME_MAP_FULL], ps.user_stack_lost, ps.kernel_stack_lost, ps.truncated,
+      ps.samples_parallelism_unknown, c[PS_CTR_RUNNING_UNCOUNTED], c[PS_CTR_AGG_MAP_FULL],
+      c[PS_CTR_STACK_MAP_FULL], c[PS_CTR_THREAD_MAP_FULL], c[PS_CTR_OFFCPU_MAP_FULL],
+      c[PS_CTR_RUNNING_MAP_FULL], c[PS_CTR_RUNTIME_MAP_FULL], c[PS_CTR_MAP_BUSY],
+      ps.user_stack_lost, ps.kernel_stack_lost, ps.truncated,
       ms.stacks_missing, ms.thread_states, ms.thread_states_max, ss.frames, ss.no_mapping,
       ss.no_elf, ss.no_symbol, ss.kernel_no_symbol, processes.vanished(),
       c[PS_CTR_UNWIND_COMPLETE], c[PS_CTR_UNWIND_TRUNCATED], c[PS_CTR_UNWIND_NO_TABLE_YET],

@@ -34,7 +34,8 @@
 
 /* A stack: `len` frames, leaf first; entries past `len` are garbage. Kernel stacks come from
  * bpf_get_stack(); user stacks from the unwinder (bpf/unwind.bpf.h), whose outcome is in `flags`
- * (PS_UNWIND_*). Stored once per buffer in ps_stacks<N>, keyed by ps_stack_hash() of its frames. */
+ * (PS_UNWIND_*). Stored once per buffer in its writer's map, ps_stacks<N> (on-CPU sampler) or
+ * ps_sched_stacks<N> (sched_switch), keyed by ps_stack_hash() of its frames. */
 struct ps_stack {
   __u32 len;   /* number of valid frames in ips */
   __u32 flags; /* user stacks: PS_UNWIND_* outcome (0 for kernel stacks) */
@@ -51,8 +52,9 @@ PS_STATIC_ASSERT(sizeof(struct ps_stack) == 1024, "ps_stack layout");
 
 /* Key of the on-CPU aggregation hash: one entry per distinct (thread, user stack, kernel stack)
  * in a window. A stack field is the 64-bit hash keying ps_stacks<N> of the same buffer, or 0 when
- * there is no such stack; then the matching *_stack_err holds -errno from bpf_get_stack()
- * (0: legitimately empty, e.g. a kernel thread's user stack or a sample taken in user mode). */
+ * there is no such stack; then the matching *_stack_err holds -errno from bpf_get_stack() or
+ * from storing the stack (-E2BIG: map full, -EBUSY: map busy) (0: legitimately empty, e.g. a
+ * kernel thread's user stack or a sample taken in user mode). */
 struct ps_oncpu_key {
   __u32 tgid;            /* process id (thread group id) */
   __u32 tid;             /* thread id */
@@ -142,7 +144,7 @@ PS_STATIC_ASSERT(sizeof(struct ps_progress) == 16, "ps_progress layout");
 struct ps_thread_state {
   __u64 out_ns;             /* ktime at switch-out; 0 while the thread is on a CPU */
   __u64 tgid_start_ns;
-  __u64 user_stack;         /* ps_stacks<N> key at switch-out (0 = none) */
+  __u64 user_stack;         /* ps_sched_stacks<N> key at switch-out (0 = none) */
   __u64 kernel_stack;
   __s32 user_stack_err;
   __s32 kernel_stack_err;
@@ -169,7 +171,7 @@ struct ps_thread_state {
 PS_STATIC_ASSERT(sizeof(struct ps_thread_state) == 136, "ps_thread_state layout");
 
 /* Key of the off-CPU aggregate (ps_offcpu<N>): time a thread spent off-CPU with one stack and
- * state. Stack fields as in ps_oncpu_key. */
+ * state. Stack fields as in ps_oncpu_key, keying ps_sched_stacks<N>. */
 struct ps_offcpu_key {
   __u32 tgid;
   __u32 tid;
@@ -207,7 +209,8 @@ struct ps_cpu_state {
   __u32 in_switch;    /* 1 while sched_switch updates this entry (an NMI sample must not) */
   __u32 exec_id;      /* the task's ps_exec_id() (ps_oncpu_key.exec_id) */
   __u32 carry_exec_id;
-  __u32 pad;
+  __u32 in_running;   /* 1 when the task is counted in ps_running (counted, and the entry was
+                         there or could be made: bpf/common.bpf.h ps_running_add) */
 };
 PS_STATIC_ASSERT(sizeof(struct ps_cpu_state) == 88, "ps_cpu_state layout");
 
@@ -235,7 +238,8 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_CTR_SAMPLES_FILTERED 2       /* samples of processes excluded by the pid filter */
 #define PS_CTR_USER_STACK_FAULT 3       /* bpf_get_stack(user) failed for a task with an mm */
 #define PS_CTR_KERNEL_STACK_FAULT 4     /* bpf_get_stack(kernel) failed */
-#define PS_CTR_STACK_MAP_FULL 5         /* ps_stacks<N> insert failed: stack replaced by error */
+#define PS_CTR_STACK_MAP_FULL 5         /* ps_[sched_]stacks<N> insert failed: stack replaced by
+                                           error */
 #define PS_CTR_AGG_MAP_FULL 6           /* ps_oncpu<N> insert failed: sample lost */
 #define PS_CTR_SWITCHES 7               /* sched_switch events */
 #define PS_CTR_THREAD_MAP_FULL 8        /* ps_threads insert failed: an off-CPU interval lost */
@@ -255,15 +259,24 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_CTR_UNWIND_BAD_FRAME 22     /* stopped: the unwound frame is impossible (sp went down) */
 #define PS_CTR_UNWIND_FP_FRAMES 23     /* frames found by the frame-pointer fallback */
 #define PS_CTR_UNWIND_EVENTS_LOST 24   /* table requests the ring buffer could not take */
-#define PS_CTR_NUM 25
+#define PS_CTR_MAP_BUSY 25             /* a map insert met its bucket lock held on its CPU (-EBUSY,
+                                          Linux 5.11+): lost like a full map's, map not full */
+#define PS_CTR_RUNNING_UNCOUNTED 26    /* a sample found a task switched in unseen of a process
+                                          without a ps_running entry (the sampler inserts none):
+                                          counted from its next switch-in */
+#define PS_CTR_NUM 27
 
 /* Default capacities; the daemon sizes ps_stacks<N> and ps_oncpu<N> before load from the CPU count,
- * frequency and window (agent/bpf/oncpu_program.cc). Entries are preallocated (perf_event programs
- * may only use preallocated hash maps): about sizeof(struct ps_stack) bytes per stack entry. */
+ * frequency and window, ps_sched_stacks<N> by whether off-CPU stacks are taken, and ps_threads
+ * from the host's threads (agent/bpf/programs.cc). Every hash map is preallocated (perf_event
+ * programs may only use preallocated hash maps, and sched_switch must not allocate under the
+ * run-queue lock): about sizeof(struct ps_stack) bytes per stack entry. */
 #define PS_STACK_MAP_ENTRIES 4096
+#define PS_SCHED_STACK_MAP_ENTRIES 8192 /* off-CPU stacks per buffer (ps_sched_stacks<N>) */
 #define PS_ONCPU_MAP_ENTRIES 4096
 #define PS_PID_FILTER_ENTRIES 1024
-#define PS_THREAD_MAP_ENTRIES 65536  /* threads tracked off-CPU at once (not preallocated) */
+#define PS_THREAD_MAP_ENTRIES 65536  /* at most, threads tracked off-CPU at once (preallocated,
+                                        ~208 bytes each; sized by the daemon) */
 #define PS_RUNNING_ENTRIES 32768     /* processes with a parallelism count */
 #define PS_OFFCPU_MAP_ENTRIES 16384
 #define PS_RUNTIME_MAP_ENTRIES 8192

@@ -8,8 +8,10 @@
 
 /* errno values (include/uapi/asm-generic/errno-base.h, errno.h); vmlinux.h has no macros. */
 #define ENOENT 2
+#define E2BIG 7 /* a full preallocated hash (kernel/bpf/hashtab.c alloc_htab_elem) */
 #define ENOMEM 12
 #define EFAULT 14
+#define EBUSY 16 /* the bucket lock is held on this CPU (htab_lock_bucket, Linux 5.11+) */
 #define EEXIST 17
 
 /* Task states (include/linux/sched.h). */
@@ -46,16 +48,37 @@ struct {
   __type(value, __u8);  /* unused */
 } ps_pid_filter SEC(".maps");
 
-/* Stacks by ps_stack_hash(), one map per buffer; written by the on-CPU sampler and by
- * sched_switch (off-CPU stacks at switch-out). */
+/* Maps written from NMI context. With a hardware PMU the on-CPU sampler runs in NMI context, so
+ * it can interrupt, on its CPU, sched_switch, the exec and exit hooks, the seeding iterator or a
+ * daemon syscall while they hold a hash bucket's lock (kernel/bpf/hashtab.c htab_lock_bucket).
+ * Linux 5.10 then takes that raw spinlock again in the NMI: a deadlock when it is the same
+ * bucket. From 5.11 (commit 20b6cc34ea74, "bpf: Avoid hashtab deadlock with map_locked") the
+ * NMI's update fails with -EBUSY instead, whatever the bucket. So the sampler takes no hash lock
+ * that another context can hold on its CPU:
+ *  - stacks: each writer has its own maps, ps_stacks<N> (the sampler's, oncpu.bpf.c) and
+ *    ps_sched_stacks<N> (sched_switch's and the seeding iterator's, sched.bpf.c); the daemon
+ *    drains both into one cache keyed by hash (a stack in both has the same hash and frames);
+ *  - ps_oncpu<N> is the sampler's alone (the daemon drains only the buffer nobody writes);
+ *  - ps_running holds counts both sides change, so it cannot be split: the sampler only looks
+ *    entries up and adds atomically, it never inserts (ps_running_add, may_insert). Entries come
+ *    from sched_switch's switch-ins and, for processes alive at attach, from the seeding iterator;
+ *  - ps_counters, ps_cpu_state and ps_unwind_notify_state are per-CPU arrays and ps_control an
+ *    array (no locks); ps_pid_filter and ps_unwind_procs are only looked up by the sampler;
+ *  - the ring buffer ps_unwind_events has a lock, but an NMI only tries it (kernel/bpf/ringbuf.c
+ *    __bpf_ringbuf_reserve): a request it could not queue is counted, PS_CTR_UNWIND_EVENTS_LOST,
+ *    and a later sample asks again.
+ * -EBUSY can still reach the other writers on 5.11-6.1 kernels with CONFIG_PREEMPT, when a task
+ * is preempted between htab_lock_bucket's map_locked increment and its lock (until "bpf: Disable
+ * preemption when increasing per-cpu map_locked"): every insert counts it as PS_CTR_MAP_BUSY,
+ * never as a full map (ps_count_insert_error). */
+
+/* Stacks by ps_stack_hash(), one map per buffer and writer (above). */
 struct ps_stack_map {
   __uint(type, BPF_MAP_TYPE_HASH);
   __uint(max_entries, PS_STACK_MAP_ENTRIES); /* resized by the daemon before load */
   __type(key, __u64);
   __type(value, struct ps_stack);
 };
-struct ps_stack_map ps_stacks0 SEC(".maps");
-struct ps_stack_map ps_stacks1 SEC(".maps");
 PS_STATIC_ASSERT(PS_NUM_BUFFERS == 2, "one map set per buffer");
 
 /* Parallelism: threads of each tgid currently on a CPU. */
@@ -102,6 +125,18 @@ static __always_inline void ps_count(__u32 idx) {
     __sync_fetch_and_add(c, 1); /* atomic: an NMI-driven sample may nest in another program */
 }
 
+/* Counts a failed hash insert (err: bpf_map_update_elem's result, not 0 or -EEXIST): -EBUSY as
+ * PS_CTR_MAP_BUSY (the bucket lock was held on this CPU, see "Maps written from NMI context"),
+ * anything else (-E2BIG: full) as `full_ctr`. */
+static __always_inline void ps_count_insert_error(long err, __u32 full_ctr) {
+  ps_count(err == -EBUSY ? PS_CTR_MAP_BUSY : full_ctr);
+}
+
+/* 1 when a stack error came from storing the stack (ps_store_stack), not from walking it. */
+static __always_inline int ps_stack_store_failed(__s32 err) {
+  return err == -E2BIG || err == -EBUSY || err == -ENOMEM;
+}
+
 static __always_inline struct ps_control *ps_get_control(void) {
   __u32 zero = 0;
   return bpf_map_lookup_elem(&ps_control, &zero);
@@ -111,25 +146,32 @@ static __always_inline int ps_tgid_tracked(__u32 tgid) {
   return !ps_cfg_filter_tgid || bpf_map_lookup_elem(&ps_pid_filter, &tgid) != 0;
 }
 
-/* Adds delta to the running-thread count of tgid, creating the entry at 0 for an increment. A
+/* Adds delta to the running-thread count of tgid; returns 1 when it did. A missing entry is
+ * created at 0 for an increment when `may_insert` (never from the sampler: "Maps written from NMI
+ * context" above), else the increment is dropped and counted (PS_CTR_RUNNING_UNCOUNTED). A
  * decrement of a missing entry is dropped: the process's last thread exited and its entry went
  * with it (sched.bpf.c ps_on_exit) before that thread's final switch-out. */
-static __always_inline void ps_running_add(__u32 tgid, __s64 delta) {
+static __always_inline int ps_running_add(__u32 tgid, __s64 delta, int may_insert) {
   __s64 *n = bpf_map_lookup_elem(&ps_running, &tgid);
   if (!n) {
     if (delta < 0)
-      return;
+      return 0;
+    if (!may_insert) {
+      ps_count(PS_CTR_RUNNING_UNCOUNTED);
+      return 0;
+    }
     __s64 zero = 0;
     long err = bpf_map_update_elem(&ps_running, &tgid, &zero, BPF_NOEXIST);
     if (err && err != -EEXIST) {
-      ps_count(PS_CTR_RUNNING_MAP_FULL);
-      return;
+      ps_count_insert_error(err, PS_CTR_RUNNING_MAP_FULL);
+      return 0;
     }
     n = bpf_map_lookup_elem(&ps_running, &tgid);
     if (!n)
-      return;
+      return 0;
   }
   __sync_fetch_and_add(n, delta);
+  return 1;
 }
 
 /* 64-bit FNV-1a style hash of the first `len` frames, never 0 (0 means "no stack"). Different
@@ -163,7 +205,7 @@ static __always_inline __u64 ps_store_stack(void *stacks, struct ps_stack *st, l
     return h;
   long rc = bpf_map_update_elem(stacks, &h, st, BPF_NOEXIST);
   if (rc && rc != -EEXIST) {
-    ps_count(PS_CTR_STACK_MAP_FULL);
+    ps_count_insert_error(rc, PS_CTR_STACK_MAP_FULL);
     *err = (__s32)rc;
     return 0;
   }
@@ -194,14 +236,16 @@ static __always_inline __u32 ps_exec_id(struct task_struct *task) {
   return (__u32)BPF_CORE_READ(task, self_exec_id);
 }
 
-/* Makes `cs` (this CPU's entry) record task `tid` of `tgid` as on the CPU since in_ns, counted in
- * ps_running when `counted`. The caller has already returned the old record's count. Only this
- * CPU writes its entry; `counted` is cleared first and set last so that the daemon's ScanCpus
- * never pairs one task's switch-in time with another task's process. */
+/* Makes `cs` (this CPU's entry) record task `tid` of `tgid` as on the CPU since in_ns, tracked
+ * (on-CPU time, and a ps_running increment) when `counted`; `may_insert` as in ps_running_add.
+ * The caller has already returned the old record's count (when cs->in_running). Only this CPU
+ * writes its entry; `counted` is cleared first and set last so that the daemon's ScanCpus never
+ * pairs one task's switch-in time with another task's process. */
 static __always_inline void ps_cpu_record(struct ps_cpu_state *cs, __u32 tid, __u32 tgid,
                                           __u64 tgid_start_ns, __u32 exec_id, __u64 in_ns,
-                                          int counted) {
+                                          int counted, int may_insert) {
   cs->counted = 0;
+  cs->in_running = 0;
   ps_barrier();
   cs->tid = tid;
   cs->tgid = tgid;
@@ -211,7 +255,7 @@ static __always_inline void ps_cpu_record(struct ps_cpu_state *cs, __u32 tid, __
   ps_barrier();
   cs->counted = counted;
   if (counted)
-    ps_running_add(tgid, 1);
+    cs->in_running = ps_running_add(tgid, 1, may_insert);
 }
 
 /* Estimated time of a switch the tracepoint did not report on this CPU: it happened after the

@@ -34,6 +34,11 @@ struct ps_oncpu_map {
 struct ps_oncpu_map ps_oncpu0 SEC(".maps");
 struct ps_oncpu_map ps_oncpu1 SEC(".maps");
 
+/* The sampler's own stacks (sched_switch has ps_sched_stacks<N>: common.bpf.h, "Maps written from
+ * NMI context"). */
+struct ps_stack_map ps_stacks0 SEC(".maps");
+struct ps_stack_map ps_stacks1 SEC(".maps");
+
 /* Per-CPU scratch for one stack (1 KiB is beyond the 512-byte BPF stack); the sampler's own, as
  * it may interrupt sched_switch (NMI) on the same CPU. */
 struct {
@@ -46,14 +51,15 @@ struct {
 /* Records one sample into one buffer's maps. */
 static __always_inline void ps_record(struct bpf_perf_event_data *ctx, void *stacks, void *oncpu,
                                       struct ps_oncpu_key *key, __u64 period) {
+  /* A stack that was walked but not stored is counted by ps_store_stack, not as a fault. */
   key->kernel_stack =
       ps_capture_kernel_stack(ctx, &ps_oncpu_scratch, stacks, &key->kernel_stack_err);
-  if (key->kernel_stack_err && key->kernel_stack_err != -ENOMEM)
+  if (key->kernel_stack_err && !ps_stack_store_failed(key->kernel_stack_err))
     ps_count(PS_CTR_KERNEL_STACK_FAULT);
   key->user_stack = ps_capture_user_stack((struct pt_regs *)&ctx->regs, stacks, key->tgid,
                                           key->tgid_start_ns, key->exec_id,
                                           &key->user_stack_err);
-  if (key->user_stack_err && key->user_stack_err != -ENOMEM)
+  if (key->user_stack_err && !ps_stack_store_failed(key->user_stack_err))
     ps_count(PS_CTR_USER_STACK_FAULT);
 
   struct ps_oncpu_value *val = bpf_map_lookup_elem(oncpu, key);
@@ -63,7 +69,7 @@ static __always_inline void ps_record(struct bpf_perf_event_data *ctx, void *sta
     /* BPF_NOEXIST: another CPU may have inserted the same key meanwhile; then add to it. */
     long err = bpf_map_update_elem(oncpu, key, &init, BPF_NOEXIST);
     if (err && err != -EEXIST) {
-      ps_count(PS_CTR_AGG_MAP_FULL);
+      ps_count_insert_error(err, PS_CTR_AGG_MAP_FULL);
       return;
     }
     val = bpf_map_lookup_elem(oncpu, key);
@@ -93,16 +99,16 @@ static __always_inline int ps_sample(struct bpf_perf_event_data *ctx) {
       /* First sight of this CPU since attach: the interrupted task has been running since
        * before attach and no switch counted it yet. */
       ps_cpu_record(cs, tid, tgid, BPF_CORE_READ(task, group_leader, start_boottime),
-                    ps_exec_id(task), now, tracked);
+                    ps_exec_id(task), now, tracked, /*may_insert=*/0);
     } else if (cs->tid != tid && !cs->in_switch && now - cs->in_ns > PS_REPAIR_MIN_AGE_NS) {
       /* The interrupted task came in by a switch the tracepoint did not report (abi.h, "Switches
        * the sched_switch tracepoint did not report"). The age guard skips the instants between
        * sched_switch and the switch itself, where an NMI sample still sees prev running. */
       ps_count(PS_CTR_SAMPLE_REPAIRS);
-      if (cs->counted)
-        ps_running_add(cs->tgid, -1);
+      if (cs->in_running)
+        ps_running_add(cs->tgid, -1, 0);
       ps_cpu_record(cs, tid, tgid, BPF_CORE_READ(task, group_leader, start_boottime),
-                    ps_exec_id(task), ps_unseen_switch_ns(cs, now), tracked);
+                    ps_exec_id(task), ps_unseen_switch_ns(cs, now), tracked, /*may_insert=*/0);
     }
     cs->sample_ns = now;
   }
@@ -168,15 +174,7 @@ static __always_inline int ps_on_exec(void) {
 }
 
 SEC("tp_btf/sched_process_exec")
-int BPF_PROG(ps_process_exec_btf) {
-  ps_enter();
-  int rc = ps_on_exec();
-  ps_leave();
-  return rc;
-}
-
-SEC("raw_tp/sched_process_exec")
-int BPF_PROG(ps_process_exec_raw) {
+int BPF_PROG(ps_process_exec) {
   ps_enter();
   int rc = ps_on_exec();
   ps_leave();

@@ -4,14 +4,15 @@
  * On every sched_switch:
  *  - prev leaves its CPU: its tgid's running-thread count (parallelism, read by the on-CPU
  *    sampler) drops, its exact on-CPU time is added to ps_runtime<N>, and its switch-out time,
- *    state and stacks are stored per tid in ps_threads (a global hash, not per-CPU: threads wake
+ *    state (the tracepoint's prev_state where it has one) and stacks are stored per tid in
+ *    ps_threads (a global hash, not per-CPU: threads wake
  *    on other CPUs);
  *  - next enters: its count rises and, if it was switched out before, the interval it spent
  *    off-CPU is added to ps_offcpu<N> under the stack and state captured at switch-out.
  * Intervals are split at window boundaries: BPF accounts from max(start, window start); the part
  * before is the daemon's (see struct ps_thread_state in abi.h).
- * tp_btf is preferred; the raw_tp twin is autoloaded instead on kernels without it (the
- * libbpf-tools offcputime pattern). */
+ * Attached as tp_btf (BPF_PROG_TYPE_TRACING, Linux 5.5+; the floor is 5.10): its arguments are
+ * typed kernel pointers the verifier lets helpers such as bpf_get_task_stack take. */
 #include "vmlinux.h"
 
 #include <bpf/bpf_core_read.h>
@@ -29,11 +30,18 @@ const volatile __u32 ps_cfg_offcpu = 1;        /* track off-CPU intervals (off_c
 const volatile __u64 ps_cfg_min_offcpu_ns = 0; /* --off-cpu-min-duration */
 const volatile __u32 ps_cfg_stack_rate = 0;    /* --off-cpu-stack-rate (0: every switch-out) */
 
+/* Thread states by tid. Preallocated: sched_switch inserts here with the run-queue lock held,
+ * where a BPF_F_NO_PREALLOC hash would kmalloc(GFP_ATOMIC) its element (kernel/bpf/hashtab.c
+ * alloc_htab_elem), which is unsafe in that context until Linux 6.1's BPF memory allocator
+ * ("bpf: Convert hash map to bpf_mem_alloc"): the allocator may wake kswapd, and a wake-up takes
+ * a run-queue lock. Cost, all at load: 192 bytes per entry (48-byte struct htab_elem + 8-byte
+ * key + 136-byte value, plus one spare element per possible CPU) and 16 bytes of bucket, i.e.
+ * 13 MiB at PS_THREAD_MAP_ENTRIES; the daemon sizes it from the threads alive at start
+ * (agent/bpf/programs.cc LoadSched). */
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
-  __uint(max_entries, PS_THREAD_MAP_ENTRIES);
-  __uint(map_flags, BPF_F_NO_PREALLOC); /* memory only for threads seen switching out */
-  __type(key, __u32);                   /* tid */
+  __uint(max_entries, PS_THREAD_MAP_ENTRIES); /* resized by the daemon before load */
+  __type(key, __u32);                         /* tid */
   __type(value, struct ps_thread_state);
 } ps_threads SEC(".maps");
 
@@ -55,6 +63,11 @@ struct ps_runtime_map {
 struct ps_runtime_map ps_runtime0 SEC(".maps");
 struct ps_runtime_map ps_runtime1 SEC(".maps");
 
+/* Off-CPU stacks, written by sched_switch and the seeding iterator only: the on-CPU sampler
+ * has its own ps_stacks<N> (common.bpf.h, "Maps written from NMI context"). */
+struct ps_stack_map ps_sched_stacks0 SEC(".maps");
+struct ps_stack_map ps_sched_stacks1 SEC(".maps");
+
 struct {
   __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
   __uint(max_entries, 1);
@@ -62,7 +75,9 @@ struct {
   __type(value, struct ps_stack);
 } ps_sched_scratch SEC(".maps");
 
-/* task_struct::state was renamed __state in Linux 5.14 (commit 2f064a59a11f). */
+/* prev's state where the tracepoint does not pass it (ps_sched_switch3), and a task's state in
+ * the seeding iterator. task_struct::state was renamed __state in Linux 5.14 (commit
+ * 2f064a59a11f). */
 struct task_struct___pre514 {
   long state;
 } __attribute__((preserve_access_index));
@@ -80,7 +95,7 @@ static __always_inline void ps_add_u64(void *map, void *key, __u64 delta, __u32 
     __u64 zero = 0;
     long err = bpf_map_update_elem(map, key, &zero, BPF_NOEXIST);
     if (err && err != -EEXIST) {
-      ps_count(full_ctr);
+      ps_count_insert_error(err, full_ctr);
       return;
     }
     v = bpf_map_lookup_elem(map, key);
@@ -98,7 +113,7 @@ static __always_inline void ps_add_offcpu(void *map, struct ps_offcpu_key *key, 
     __builtin_memcpy(init.comm, comm, sizeof(init.comm));
     long err = bpf_map_update_elem(map, key, &init, BPF_NOEXIST);
     if (err && err != -EEXIST) {
-      ps_count(PS_CTR_OFFCPU_MAP_FULL);
+      ps_count_insert_error(err, PS_CTR_OFFCPU_MAP_FULL);
       return;
     }
     v = bpf_map_lookup_elem(map, key);
@@ -131,7 +146,7 @@ static __always_inline void ps_switch_in(struct task_struct *task, __u32 tid, __
       struct ps_stack *st = bpf_map_lookup_elem(&ps_sched_scratch, &zero);
       if (st) {
         st->flags = 0;
-        void *stacks = buf == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
+        void *stacks = buf == 0 ? (void *)&ps_sched_stacks0 : (void *)&ps_sched_stacks1;
         __s32 err;
         __u64 h = ps_store_stack(stacks, st, bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0),
                                  0, &err);
@@ -201,12 +216,11 @@ static __always_inline __u32 ps_stack_sample(struct ps_thread_state *ts, __u64 n
   return w;
 }
 
-/* prev is switched out at `now` (runs in prev's context: stacks are prev's); it came in at in_ns
- * (0: unknown). */
+/* prev is switched out at `now` (runs in prev's context: stacks are prev's) in task state `st`
+ * (task_struct::__state bits, PS_TASK_*); it came in at in_ns (0: unknown). */
 static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, __u32 tid,
-                                          __u32 tgid, int preempt, __u64 now, __u64 in_ns,
-                                          __u64 ws, __u32 buf) {
-  __u32 st = ps_task_state(prev);
+                                          __u32 tgid, int preempt, __u32 st, __u64 now,
+                                          __u64 in_ns, __u64 ws, __u32 buf) {
   if (st & PS_TASK_DEAD) {
     bpf_map_delete_elem(&ps_threads, &tid);
     return;
@@ -216,7 +230,7 @@ static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, _
     struct ps_thread_state init = {};
     long err = bpf_map_update_elem(&ps_threads, &tid, &init, BPF_NOEXIST);
     if (err && err != -EEXIST) {
-      ps_count(PS_CTR_THREAD_MAP_FULL);
+      ps_count_insert_error(err, PS_CTR_THREAD_MAP_FULL);
       return;
     }
     ts = bpf_map_lookup_elem(&ps_threads, &tid);
@@ -236,7 +250,7 @@ static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, _
     state = PS_STATE_SLEEPING; /* interruptible, TASK_IDLE, stopped, traced */
   ts->stack_weight = ps_stack_sample(ts, now);
   if (ts->stack_weight) {
-    void *stacks = buf == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
+    void *stacks = buf == 0 ? (void *)&ps_sched_stacks0 : (void *)&ps_sched_stacks1;
     __u64 tgid_start_ns = BPF_CORE_READ(prev, group_leader, start_boottime);
     ts->kernel_stack = ps_capture_kernel_stack(ctx, &ps_sched_scratch, stacks, &ts->kernel_stack_err);
     ts->user_stack = ps_capture_user_stack(0, stacks, tgid, tgid_start_ns, ps_exec_id(prev),
@@ -283,8 +297,11 @@ static __always_inline void ps_add_runtime(struct ps_cpu_state *cs, __u32 tgid,
   }
 }
 
+/* One switch from prev to next. `state_arg`: the tracepoint passed prev's state as prev_state
+ * (a constant per program, so each variant compiles to one path); else it is read from prev. */
 static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_struct *prev,
-                                        struct task_struct *next) {
+                                        struct task_struct *next, int state_arg,
+                                        __u32 prev_state) {
   __u32 zero = 0;
   struct ps_control *ctl = ps_get_control();
   struct ps_cpu_state *cs = bpf_map_lookup_elem(&ps_cpu_state, &zero);
@@ -307,16 +324,17 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
   if (!ps_cpu_first_seen(cs, ctl)) {
     if (cs->tid == prev_tid) {
       prev_in_ns = cs->in_ns;
+      if (cs->in_running)
+        ps_running_add(cs->tgid, -1, 0);
       if (cs->counted && prev_tid != 0) {
-        ps_running_add(cs->tgid, -1);
         ps_add_runtime(cs, cs->tgid, cs->tgid_start_ns, cs->exec_id, cs->in_ns, now, ws, buf, 1);
       }
     } else {
       /* The tracepoint missed switches on this CPU (abi.h): the recorded task left unseen (return
        * its count) and prev came in unseen. */
       ps_count(PS_CTR_SWITCH_CHAIN_BREAKS);
-      if (cs->counted)
-        ps_running_add(cs->tgid, -1);
+      if (cs->in_running)
+        ps_running_add(cs->tgid, -1, 0);
       prev_in_ns = ps_unseen_switch_ns(cs, now);
       if (prev_tracked)
         ps_add_runtime(cs, prev_tgid, BPF_CORE_READ(prev, group_leader, start_boottime),
@@ -324,7 +342,8 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
     }
   }
   if (ps_cfg_offcpu && prev_tracked) {
-    ps_switch_out(ctx, prev, prev_tid, prev_tgid, preempt, now, prev_in_ns, ws, buf);
+    __u32 st = state_arg ? prev_state : ps_task_state(prev);
+    ps_switch_out(ctx, prev, prev_tid, prev_tgid, preempt, st, now, prev_in_ns, ws, buf);
     now = bpf_ktime_get_ns(); /* next comes in after prev's stack walks */
   }
 
@@ -332,7 +351,7 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
   int counted = next_tid != 0 && ps_tgid_tracked(next_tgid);
   ps_cpu_record(cs, next_tid, next_tgid,
                 counted ? BPF_CORE_READ(next, group_leader, start_boottime) : 0,
-                counted ? ps_exec_id(next) : 0, now, counted);
+                counted ? ps_exec_id(next) : 0, now, counted, /*may_insert=*/1);
   if (counted && ps_cfg_offcpu)
     ps_switch_in(next, next_tid, now, ws, buf);
   ps_barrier();
@@ -340,38 +359,62 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
   return 0;
 }
 
+/* sched_switch has passed prev's state as a 4th argument since Linux 5.18 (commit fa2c3254d7cf,
+ * "sched/tracing: Don't re-read p->state when emitting sched_switch event"): the state
+ * __schedule() acted on. Reading prev->__state in the tracepoint races with a wake-up on another
+ * CPU that has already set it to TASK_WAKING, and an uninterruptible wait would then be
+ * recorded as an interruptible one. The daemon loads exactly one of the two variants, by the
+ * parameters of the kernel's btf_trace_sched_switch (agent/bpf/probe.h TracepointArgCount):
+ * this one for 4, ps_sched_switch3 for 3. The choice is made before load: the verifier refuses
+ * a program reading an argument its tracepoint does not have. */
 SEC("tp_btf/sched_switch")
-int BPF_PROG(ps_sched_switch_btf, bool preempt, struct task_struct *prev,
-             struct task_struct *next) {
+int BPF_PROG(ps_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
+             unsigned int prev_state) {
   ps_enter();
-  int rc = ps_on_switch(ctx, preempt, prev, next);
+  int rc = ps_on_switch(ctx, preempt, prev, next, 1, prev_state);
   ps_leave();
   return rc;
 }
 
-SEC("raw_tp/sched_switch")
-int BPF_PROG(ps_sched_switch_raw, bool preempt, struct task_struct *prev,
-             struct task_struct *next) {
+/* The 3-argument tracepoint (kernels before 5.18): prev's state read from the task. */
+SEC("tp_btf/sched_switch")
+int BPF_PROG(ps_sched_switch3, bool preempt, struct task_struct *prev, struct task_struct *next) {
   ps_enter();
-  int rc = ps_on_switch(ctx, preempt, prev, next);
+  int rc = ps_on_switch(ctx, preempt, prev, next, 0, 0);
   ps_leave();
   return rc;
 }
 
-/* Seeds ps_threads with the threads that are off-CPU when the agent attaches, so a thread asleep
+/* Gives tgid a ps_running entry (count 0) unless it has one: the sampler, which may find the
+ * process's threads running before any switch showed them, only adds to existing entries
+ * (common.bpf.h, "Maps written from NMI context"). */
+static __always_inline void ps_running_seed(__u32 tgid) {
+  if (bpf_map_lookup_elem(&ps_running, &tgid))
+    return;
+  __s64 zero = 0;
+  long err = bpf_map_update_elem(&ps_running, &tgid, &zero, BPF_NOEXIST);
+  if (err && err != -EEXIST)
+    ps_count_insert_error(err, PS_CTR_RUNNING_MAP_FULL);
+}
+
+/* Run once by the daemon through an iterator fd after sched_switch is attached and before the
+ * sampler is. Gives every tracked process a ps_running entry (ps_running_seed). With off-CPU
+ * tracking, also seeds ps_threads with the threads that are off-CPU at attach, so a thread asleep
  * since before attach is accounted from the attach on (a thread blocked for the whole window
- * contributes the whole window), instead of appearing only after it first wakes. Run once by the
- * daemon through an iterator fd after sched_switch is attached; BPF_NOEXIST keeps states that a
- * real switch-out created meanwhile. The kernel stack comes from bpf_get_task_stack(); a sleeping
- * task's user registers are not reachable from here, so its user stack is marked
- * PS_ERR_ASLEEP_AT_ATTACH. */
+ * contributes the whole window), instead of appearing only after it first wakes; BPF_NOEXIST
+ * keeps states that a real switch-out created meanwhile. The kernel stack comes from
+ * bpf_get_task_stack(); a sleeping task's user registers are not reachable from here, so its
+ * user stack is marked PS_ERR_ASLEEP_AT_ATTACH. */
 SEC("iter/task")
 int ps_seed_threads(struct bpf_iter__task *ctx) {
   struct task_struct *task = ctx->task;
   if (!task)
     return 0;
   __u32 tid = task->pid, tgid = task->tgid;
-  if (tid == 0 || !ps_tgid_tracked(tgid) || task->on_cpu)
+  if (tid == 0 || !ps_tgid_tracked(tgid))
+    return 0;
+  ps_running_seed(tgid);
+  if (!ps_cfg_offcpu || task->on_cpu)
     return 0;
   if (bpf_map_lookup_elem(&ps_threads, &tid))
     return 0;
@@ -395,12 +438,13 @@ int ps_seed_threads(struct bpf_iter__task *ctx) {
   ts.user_stack_err = PS_ERR_ASLEEP_AT_ATTACH;
   ts.stack_weight = 1;
   st->flags = 0;
-  void *stacks = ctl->active_buffer == 0 ? (void *)&ps_stacks0 : (void *)&ps_stacks1;
+  void *stacks = ctl->active_buffer == 0 ? (void *)&ps_sched_stacks0 : (void *)&ps_sched_stacks1;
   ts.kernel_stack = ps_store_stack(stacks, st, bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0),
                                    0, &ts.kernel_stack_err);
   ts.out_ns = ctl->window_start_ns;
-  if (bpf_map_update_elem(&ps_threads, &tid, &ts, BPF_NOEXIST) == -ENOMEM)
-    ps_count(PS_CTR_THREAD_MAP_FULL);
+  long err = bpf_map_update_elem(&ps_threads, &tid, &ts, BPF_NOEXIST);
+  if (err && err != -EEXIST)
+    ps_count_insert_error(err, PS_CTR_THREAD_MAP_FULL);
   return 0;
 }
 
@@ -415,15 +459,7 @@ static __always_inline int ps_on_exit(struct task_struct *task) {
 }
 
 SEC("tp_btf/sched_process_exit")
-int BPF_PROG(ps_process_exit_btf, struct task_struct *task) {
-  ps_enter();
-  int rc = ps_on_exit(task);
-  ps_leave();
-  return rc;
-}
-
-SEC("raw_tp/sched_process_exit")
-int BPF_PROG(ps_process_exit_raw, struct task_struct *task) {
+int BPF_PROG(ps_process_exit, struct task_struct *task) {
   ps_enter();
   int rc = ps_on_exit(task);
   ps_leave();

@@ -82,6 +82,7 @@ void DrainMap(int fd, Fn&& fn) {
 void BpfMapReader::DrainStacks(uint32_t buffer,
                                absl::FunctionRef<void(uint64_t, const ps_stack&)> fn) {
   DrainMap<uint64_t, ps_stack>(fds_.stacks[buffer], fn);
+  if (fds_.sched_stacks[buffer] >= 0) DrainMap<uint64_t, ps_stack>(fds_.sched_stacks[buffer], fn);
 }
 
 void BpfMapReader::DrainOnCpu(

@@ -17,6 +17,9 @@ class BpfMapReader : public collect::MapReader {
   // only the on-CPU methods, DrainStacks and ReadCpuStates may be called).
   struct Fds {
     std::array<int, PS_NUM_BUFFERS> stacks = {-1, -1};   // ps_stacks0, ps_stacks1
+    // ps_sched_stacks0/1: sched_switch's own stacks (bpf/common.bpf.h), -1 without sched;
+    // DrainStacks drains them with the sampler's (one hash per stack either way).
+    std::array<int, PS_NUM_BUFFERS> sched_stacks = {-1, -1};
     std::array<int, PS_NUM_BUFFERS> oncpu = {-1, -1};    // ps_oncpu0, ps_oncpu1
     std::array<int, PS_NUM_BUFFERS> offcpu = {-1, -1};   // ps_offcpu0, ps_offcpu1
     std::array<int, PS_NUM_BUFFERS> runtime = {-1, -1};  // ps_runtime0, ps_runtime1

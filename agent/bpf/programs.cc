@@ -17,8 +17,12 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "agent/bpf/probe.h"
 #include "agent/collect/window_clock.h"
+#include "agent/proc/read_file.h"
 #include "agent/util/log.h"
 #include "agent/util/status.h"
 #include "oncpu.skel.h"
@@ -38,15 +42,19 @@ uint32_t NextPow2(uint64_t v) {
   return p;
 }
 
-// True when the kernel's BTF describes the sched_switch tracepoint for tp_btf programs.
-bool HasBtfTracepoint(const char* name) {
-  btf* vmlinux = btf__load_vmlinux_btf();
-  if (vmlinux == nullptr) return false;
-  bool found =
-      btf__find_by_name_kind(vmlinux, absl::StrCat("btf_trace_", name).c_str(), BTF_KIND_TYPEDEF) >
-      0;
-  btf__free(vmlinux);
-  return found;
+// Kernel scheduling entities (threads) that exist now: the number after the slash in the fourth
+// field of /proc/loadavg (proc(5); fs/proc/loadavg.c prints nr_threads). 0 when unreadable.
+uint64_t HostThreads() {
+  absl::StatusOr<std::string> text = proc::ReadFileToString("/proc/loadavg");
+  if (!text.ok()) return 0;
+  std::vector<absl::string_view> fields = absl::StrSplit(*text, ' ', absl::SkipEmpty());
+  if (fields.size() < 4) return 0;
+  size_t slash = fields[3].find('/');
+  uint64_t n = 0;
+  if (slash == absl::string_view::npos || !absl::SimpleAtoi(fields[3].substr(slash + 1), &n)) {
+    return 0;
+  }
+  return n;
 }
 
 }  // namespace
@@ -60,14 +68,13 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   oncpu_bpf* skel = self->oncpu_;
 
   // Map sizes from the samples one window can hold: CPUs * Hz * seconds, twice for separate
-  // user and kernel stacks, plus off-CPU stacks. Distinct stacks are usually far fewer; a full
-  // map is counted (PS_CTR_*_MAP_FULL), never silent. 16384 entries cap the preallocated stack
-  // memory at 16 MiB per buffer.
+  // user and kernel stacks (off-CPU stacks have maps of their own, sized in LoadSched). Distinct
+  // stacks are usually far fewer; a full map is counted (PS_CTR_*_MAP_FULL), never silent. 16384
+  // entries cap the preallocated stack memory at 16 MiB per buffer.
   double per_window = static_cast<double>(self->events_.cpus.size()) * options.frequency_hz *
                       absl::ToDoubleSeconds(options.collect_interval);
   uint32_t stack_entries =
-      std::clamp<uint32_t>(NextPow2(static_cast<uint64_t>(2 * per_window)),
-                           options.offcpu ? 8192 : 1024, 16384);
+      std::clamp<uint32_t>(NextPow2(static_cast<uint64_t>(2 * per_window)), 1024, 16384);
   uint32_t agg_entries =
       std::clamp<uint32_t>(NextPow2(static_cast<uint64_t>(per_window)), 1024, 16384);
   for (bpf_map* m : {skel->maps.ps_stacks0, skel->maps.ps_stacks1}) {
@@ -88,9 +95,6 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   }
   skel->rodata->ps_cfg_filter_tgid = options.tgids.empty() ? 0 : 1;
   skel->rodata->ps_cfg_parallelism = options.sched ? 1 : 0;
-  const bool exec_btf = HasBtfTracepoint("sched_process_exec");
-  bpf_program__set_autoload(skel->progs.ps_process_exec_btf, exec_btf);
-  bpf_program__set_autoload(skel->progs.ps_process_exec_raw, !exec_btf);
   if (int rc = oncpu_bpf::load(skel); rc) return LibbpfError(rc, "loading oncpu.bpf.o");
 
   void* ctl = mmap(nullptr, sysconf(_SC_PAGESIZE), PROT_READ | PROT_WRITE, MAP_SHARED,
@@ -117,11 +121,10 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   std::atomic_thread_fence(std::memory_order_seq_cst);
 
   if (self->sched_ != nullptr) {
-    bool btf = self->sched_kind_ == "tp_btf";
-    for (bpf_program* p : {btf ? self->sched_->progs.ps_sched_switch_btf
-                               : self->sched_->progs.ps_sched_switch_raw,
-                           btf ? self->sched_->progs.ps_process_exit_btf
-                               : self->sched_->progs.ps_process_exit_raw}) {
+    for (bpf_program* p : {self->sched_->progs.ps_sched_switch,
+                           self->sched_->progs.ps_sched_switch3,
+                           self->sched_->progs.ps_process_exit}) {
+      if (!bpf_program__autoload(p)) continue;  // the sched_switch variant not chosen
       bpf_link* link = bpf_program__attach(p);
       if (link == nullptr) {
         return LibbpfError(-errno, absl::StrCat("attaching ", bpf_program__name(p)));
@@ -130,14 +133,14 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
     }
   }
   {
-    bpf_program* p = exec_btf ? skel->progs.ps_process_exec_btf : skel->progs.ps_process_exec_raw;
+    bpf_program* p = skel->progs.ps_process_exec;
     bpf_link* link = bpf_program__attach(p);
     if (link == nullptr) {
       return LibbpfError(-errno, absl::StrCat("attaching ", bpf_program__name(p)));
     }
     self->links_.push_back(link);
   }
-  if (self->sched_ != nullptr && options.offcpu) self->SeedSleepingThreads();
+  if (self->sched_ != nullptr) self->SeedSleepingThreads();
   for (size_t i = 0; i < self->events_.fds.size(); ++i) {
     bpf_link* link =
         bpf_program__attach_perf_event(skel->progs.ps_on_cpu_sample, self->events_.fds[i].get());
@@ -161,8 +164,6 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   for (Shared s : {Shared{sched_->maps.ps_counters, oncpu_->maps.ps_counters},
                    Shared{sched_->maps.ps_control, oncpu_->maps.ps_control},
                    Shared{sched_->maps.ps_pid_filter, oncpu_->maps.ps_pid_filter},
-                   Shared{sched_->maps.ps_stacks0, oncpu_->maps.ps_stacks0},
-                   Shared{sched_->maps.ps_stacks1, oncpu_->maps.ps_stacks1},
                    Shared{sched_->maps.ps_running, oncpu_->maps.ps_running},
                    Shared{sched_->maps.ps_cpu_state, oncpu_->maps.ps_cpu_state},
                    Shared{sched_->maps.ps_progress, oncpu_->maps.ps_progress},
@@ -176,18 +177,55 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
       return LibbpfError(rc, absl::StrCat("sharing map ", bpf_map__name(s.mine)));
     }
   }
+  // ps_threads is preallocated (bpf/sched.bpf.c: ~208 bytes per entry, 13 MiB at
+  // PS_THREAD_MAP_ENTRIES): twice the threads alive now, so the host can grow before the map is
+  // full (then switch-outs are counted, PS_CTR_THREAD_MAP_FULL, and lost), at least 8192 (1.6
+  // MiB). Without off-CPU tracking nothing is stored in it: one entry.
+  const uint64_t threads = HostThreads();
+  const uint32_t thread_entries =
+      options.offcpu ? std::clamp<uint32_t>(NextPow2(2 * threads), 8192, PS_THREAD_MAP_ENTRIES) : 1;
+  if (int rc = bpf_map__set_max_entries(sched_->maps.ps_threads, thread_entries); rc) {
+    return LibbpfError(rc, "sizing the thread state map");
+  }
+  Log(LogLevel::kDebug, "ps_threads: %d entries (%d threads on the host), about %d KiB",
+      thread_entries, threads, uint64_t{thread_entries} * 208 / 1024);
+  // Off-CPU stacks (switch-out, and switch-in for long uncaptured intervals): their own maps, so
+  // that the NMI sampler never waits on a lock sched_switch holds (bpf/common.bpf.h). About 1 KiB
+  // per entry, 8 MiB per buffer; unused without off-CPU tracking.
+  for (bpf_map* m : {sched_->maps.ps_sched_stacks0, sched_->maps.ps_sched_stacks1}) {
+    if (int rc = bpf_map__set_max_entries(m, options.offcpu ? PS_SCHED_STACK_MAP_ENTRIES : 1);
+        rc) {
+      return LibbpfError(rc, "sizing the off-CPU stack maps");
+    }
+  }
   sched_->rodata->ps_cfg_filter_tgid = options.tgids.empty() ? 0 : 1;
   sched_->rodata->ps_cfg_offcpu = options.offcpu ? 1 : 0;
   sched_->rodata->ps_cfg_min_offcpu_ns = options.min_offcpu_ns;
   sched_->rodata->ps_cfg_stack_rate = options.offcpu_stack_rate;
-  // tp_btf where the kernel's BTF has the tracepoint, else raw_tp (libbpf-tools offcputime).
-  bool btf = HasBtfTracepoint("sched_switch") && HasBtfTracepoint("sched_process_exit");
-  sched_kind_ = btf ? "tp_btf" : "raw_tp";
-  bpf_program__set_autoload(sched_->progs.ps_sched_switch_btf, btf);
-  bpf_program__set_autoload(sched_->progs.ps_process_exit_btf, btf);
-  bpf_program__set_autoload(sched_->progs.ps_sched_switch_raw, !btf);
-  bpf_program__set_autoload(sched_->progs.ps_process_exit_raw, !btf);
-  bpf_program__set_autoload(sched_->progs.ps_seed_threads, options.offcpu);
+  // tp_btf only: every kernel at the 5.10 floor has it (5.5+), and the raw_tp form cannot pass
+  // the verifier (its task pointers are plain scalars there, which bpf_get_task_stack refuses).
+  sched_kind_ = "tp_btf";
+  // The sched_switch variant by the tracepoint's arguments in the kernel's BTF, not by version:
+  // 4 (prev_state, Linux 5.18+) -> ps_sched_switch, 3 -> ps_sched_switch3 (bpf/sched.bpf.c).
+  int args = options.sched_switch_args;
+  if (args == 0) {
+    btf* vmlinux = btf__load_vmlinux_btf();
+    if (vmlinux == nullptr) return LibbpfError(-errno, "loading the kernel's BTF");
+    args = TracepointArgCount(vmlinux, "sched_switch");
+    btf__free(vmlinux);
+    if (args < 3) {
+      std::string why = args < 0 ? std::strerror(-args) : absl::StrCat(args, " arguments");
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the kernel's BTF has no usable sched_switch tracepoint (btf_trace_sched_switch: ", why,
+          ")"));
+    }
+  }
+  const bool with_state = args >= 4;
+  bpf_program__set_autoload(sched_->progs.ps_sched_switch, with_state);
+  bpf_program__set_autoload(sched_->progs.ps_sched_switch3, !with_state);
+  Log(LogLevel::kDebug, "sched_switch: %d-argument tracepoint, loading %s", args,
+      with_state ? "ps_sched_switch (prev's state from the prev_state argument)"
+                 : "ps_sched_switch3 (prev's state read from its task_struct)");
   if (int rc = sched_bpf::load(sched_); rc) return LibbpfError(rc, "loading sched.bpf.o");
   return absl::OkStatus();
 }
@@ -201,6 +239,8 @@ void BpfPrograms::CreateCollector(const Options& options) {
     fds.offcpu = {bpf_map__fd(sched_->maps.ps_offcpu0), bpf_map__fd(sched_->maps.ps_offcpu1)};
     fds.runtime = {bpf_map__fd(sched_->maps.ps_runtime0), bpf_map__fd(sched_->maps.ps_runtime1)};
     fds.threads = bpf_map__fd(sched_->maps.ps_threads);
+    fds.sched_stacks = {bpf_map__fd(sched_->maps.ps_sched_stacks0),
+                        bpf_map__fd(sched_->maps.ps_sched_stacks1)};
   }
   map_reader_ = std::make_unique<BpfMapReader>(fds);
   collect::Collector::Options copts;
@@ -326,10 +366,12 @@ unwind::UnwindTableStats BpfPrograms::unwind_stats() const {
 }
 
 void BpfPrograms::SeedSleepingThreads() {
-  // Best effort: without it, threads asleep since before attach appear from their first wake-up.
+  // Best effort: without it, threads running at attach count in parallelism from their next
+  // switch-in, and threads asleep since before attach appear from their first wake-up.
   bpf_link* link = bpf_program__attach_iter(sched_->progs.ps_seed_threads, nullptr);
   if (link == nullptr) {
-    Log(LogLevel::kWarning, "cannot seed sleeping threads (iter/task): %s", std::strerror(errno));
+    Log(LogLevel::kWarning, "cannot seed running processes and sleeping threads (iter/task): %s",
+        std::strerror(errno));
     return;
   }
   int fd = bpf_iter_create(bpf_link__fd(link));
@@ -424,16 +466,14 @@ void BpfPrograms::StopTracking(uint32_t tgid) {
 std::vector<BpfPrograms::ProgramStats> BpfPrograms::ProgramRunTimes() const {
   std::vector<ProgramStats> out;
   std::vector<const bpf_program*> progs = {oncpu_->progs.ps_on_cpu_sample,
-                                           oncpu_->progs.ps_process_exec_btf,
-                                           oncpu_->progs.ps_process_exec_raw};
+                                           oncpu_->progs.ps_process_exec};
   if (sched_ != nullptr) {
-    progs.insert(progs.end(), {sched_->progs.ps_sched_switch_btf, sched_->progs.ps_sched_switch_raw,
-                               sched_->progs.ps_process_exit_btf,
-                               sched_->progs.ps_process_exit_raw});
+    progs.insert(progs.end(), {sched_->progs.ps_sched_switch, sched_->progs.ps_sched_switch3,
+                               sched_->progs.ps_process_exit});
   }
   for (const bpf_program* p : progs) {
     int fd = bpf_program__fd(p);
-    if (fd < 0) continue;  // not loaded (the other attach variant)
+    if (fd < 0) continue;  // not loaded (the sched_switch variant not chosen)
     bpf_prog_info info{};
     uint32_t len = sizeof(info);
     if (bpf_obj_get_info_by_fd(fd, &info, &len) != 0) continue;

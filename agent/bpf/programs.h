@@ -57,6 +57,11 @@ class BpfPrograms : public WindowSource {
     // Off-CPU stack captures per second per thread before stacks are sampled (bpf/abi.h,
     // PS_RATE_PERIOD_NS); 0 captures every switch-out.
     uint32_t offcpu_stack_rate = 0;
+    // Arguments of the sched_switch tracepoint to build for: 0 reads them from the kernel's BTF
+    // (agent/bpf/probe.h TracepointArgCount): 4 since Linux 5.18, which pass prev_state, else 3.
+    // 3 forces the fallback that reads prev's state from its task_struct (tests use it where
+    // the 4-argument form exists); 4 where the tracepoint has 3 fails to load.
+    int sched_switch_args = 0;
     // Bytes of BPF array memory for unwind table rows (bpf/abi.h struct ps_unwind_row, 16
     // bytes each); allocated at load, charged to the agent's memory cgroup.
     uint64_t unwind_table_bytes = uint64_t{PS_UNWIND_ROW_ENTRIES} * sizeof(ps_unwind_row);
@@ -65,9 +70,9 @@ class BpfPrograms : public WindowSource {
     proc::ProcessTable* processes = nullptr;
   };
 
-  // Opens both skeletons, sizes their maps, loads them (CO-RE; tp_btf, else raw_tp, chosen
-  // before load), fills the pid filter and attaches: sched_switch first, then the sampler on
-  // every online CPU. Errors carry libbpf's errno and what failed.
+  // Opens both skeletons, sizes their maps, loads them (CO-RE; tracepoints as tp_btf), fills the
+  // pid filter and attaches: sched_switch first, then the sampler on every online CPU. Errors
+  // carry libbpf's errno and what failed.
   static absl::StatusOr<std::unique_ptr<BpfPrograms>> Create(const Options& options);
   ~BpfPrograms() override;
 
@@ -96,7 +101,7 @@ class BpfPrograms : public WindowSource {
   size_t num_cpus() const { return events_.cpus.size(); }
   // CLOCK_MONOTONIC ns at which the first window started (attach).
   int64_t start_mono_ns() const { return window_start_ns_; }
-  // "tp_btf" or "raw_tp": how sched_switch is attached ("" without sched).
+  // How sched_switch is attached: "tp_btf" ("" without sched).
   const std::string& sched_attach_kind() const { return sched_kind_; }
 
  private:
@@ -110,7 +115,9 @@ class BpfPrograms : public WindowSource {
   // Errors: reading ps_progress failed (bpf(2) errno).
   absl::Status WaitForPrograms();
   void Detach();
-  // Runs ps_seed_threads (iter/task) once: threads off-CPU at attach get a thread state.
+  // Runs ps_seed_threads (iter/task) once, before the sampler is attached: every tracked process
+  // gets a parallelism entry (the sampler only adds to existing ones, bpf/common.bpf.h) and, with
+  // off-CPU tracking, threads off-CPU at attach get a thread state.
   void SeedSleepingThreads();
   // The map reader and collector over the loaded maps (after LoadSched, when sched).
   void CreateCollector(const Options& options);

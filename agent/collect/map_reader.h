@@ -19,7 +19,8 @@ class MapReader {
  public:
   virtual ~MapReader() = default;
 
-  // Reads and deletes every entry of ps_stacks<buffer>, calling fn(hash, stack) for each: `hash`
+  // Reads and deletes every entry of ps_stacks<buffer> (and ps_sched_stacks<buffer>: the sampler
+  // and sched_switch store stacks in maps of their own), calling fn(hash, stack) for each: `hash`
   // is the key the records of the same buffer (and ps_threads) refer to, `stack` has `len`
   // frames, leaf first (entries past len are garbage; len may exceed PS_MAX_STACK_DEPTH only if
   // the map is corrupt, callers clamp).

@@ -1,0 +1,151 @@
+// Root tests of the scheduler programs themselves (bpf/sched.bpf.c): both sched_switch variants
+// load and record sleeps on this kernel (the 3-argument one is the fallback for kernels before
+// 5.18, forced here), the start-up probes pass, and the parallelism counts that the sampler only
+// reads stay within the threads that exist.
+#include <bpf/btf.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "agent/bpf/probe.h"
+#include "agent/bpf/programs.h"
+#include "agent/collect/window_clock.h"
+#include "test/e2e/e2e_util.h"
+
+namespace parascope::testing {
+namespace {
+
+bool HasProgram(const BpfPrograms& p, const std::string& name) {
+  for (const auto& s : p.ProgramRunTimes()) {
+    if (s.name == name) return true;
+  }
+  return false;
+}
+
+void* Spin(void*) {
+  volatile uint64_t x = 0;
+  for (;;) x = x + 1;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("bpf: the start-up probes pass on this kernel", "[root][bpf]") {
+  if (!RequireRoot()) return;
+  absl::Status st = ProbeBpfEnvironment();
+  INFO(st.message());
+  CHECK(st.ok());
+}
+
+TEST_CASE("bpf: sched_switch loads as the kernel's BTF says, and as the 3-argument fallback; "
+          "both record a sleeping thread's time",
+          "[root][bpf]") {
+  if (!RequireRoot()) return;
+  btf* vmlinux = btf__load_vmlinux_btf();
+  REQUIRE(vmlinux != nullptr);
+  const int kernel_args = TracepointArgCount(vmlinux, "sched_switch");
+  btf__free(vmlinux);
+  REQUIRE(kernel_args >= 3);
+
+  for (int args : {0, 3}) {
+    const bool with_state = (args == 0 ? kernel_args : args) >= 4;
+    INFO("sched_switch_args=" << args << " (kernel: " << kernel_args << ")");
+    // A child that sleeps 5 ms at a time: off-CPU in TASK_INTERRUPTIBLE nearly all the time.
+    pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      for (;;) {
+        timespec ts{0, 5000000};
+        nanosleep(&ts, nullptr);
+      }
+    }
+    BpfPrograms::Options opts;
+    opts.frequency_hz = 99;
+    opts.tgids = {static_cast<uint32_t>(child)};
+    opts.collect_interval = absl::Seconds(1);
+    opts.sched = true;
+    opts.offcpu = true;
+    opts.offcpu_stack_rate = 0;
+    opts.sched_switch_args = args;
+    auto prog = BpfPrograms::Create(opts);
+    if (!prog.ok()) kill(child, SIGKILL);
+    INFO(prog.status().message());
+    REQUIRE(prog.ok());
+    CHECK(HasProgram(**prog, with_state ? "ps_sched_switch" : "ps_sched_switch3"));
+    CHECK(!HasProgram(**prog, with_state ? "ps_sched_switch3" : "ps_sched_switch"));
+
+    const int64_t t0 = MonotonicNowNs();
+    usleep(1200000);
+    auto data = (*prog)->Drain(true);
+    const double elapsed_ns = static_cast<double>(MonotonicNowNs() - t0);
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    REQUIRE(data.ok());
+    uint64_t sleeping_ns = 0, other_ns = 0;
+    for (const OffCpuRecord& r : data->offcpu) {
+      CHECK(r.process.tgid == static_cast<uint32_t>(child));
+      (r.state == PS_STATE_SLEEPING ? sleeping_ns : other_ns) += r.ns;
+    }
+    BpfCounters c = (*prog)->Counters();
+    INFO("sleeping_ns=" << sleeping_ns << " other_ns=" << other_ns << " elapsed_ns=" << elapsed_ns
+                        << " switches=" << c[PS_CTR_SWITCHES]);
+    // Asleep except for the instants it runs (and run-queue waits on this shared machine).
+    CHECK(sleeping_ns > 0.7 * elapsed_ns);
+    CHECK(sleeping_ns + other_ns < 1.05 * elapsed_ns);
+    CHECK(c[PS_CTR_SWITCHES] > 100);
+    CHECK(c[PS_CTR_THREAD_MAP_FULL] == 0);
+    CHECK(c[PS_CTR_MAP_BUSY] == 0);
+  }
+}
+
+TEST_CASE("bpf: a two-thread process busy since before attach counts parallelism 1-2, never "
+          "more, without the sampler inserting",
+          "[root][bpf]") {
+  if (!RequireRoot()) return;
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    pthread_t t;
+    pthread_create(&t, nullptr, Spin, nullptr);
+    Spin(nullptr);
+  }
+  usleep(200000);  // both threads running before the programs attach
+  BpfPrograms::Options opts;
+  opts.frequency_hz = 199;
+  opts.tgids = {static_cast<uint32_t>(child)};
+  opts.collect_interval = absl::Seconds(1);
+  opts.sched = true;
+  opts.offcpu = false;
+  auto prog = BpfPrograms::Create(opts);
+  if (!prog.ok()) kill(child, SIGKILL);
+  INFO(prog.status().message());
+  REQUIRE(prog.ok());
+  usleep(1500000);
+  auto data = (*prog)->Drain(true);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  REQUIRE(data.ok());
+  uint64_t samples = 0, max_parallelism = 0;
+  for (const OnCpuRecord& r : data->oncpu) {
+    samples += r.count;
+    max_parallelism = std::max<uint64_t>(max_parallelism, r.parallelism);
+  }
+  BpfCounters c = (*prog)->Counters();
+  INFO("samples=" << samples << " max_parallelism=" << max_parallelism
+                  << " uncounted=" << c[PS_CTR_RUNNING_UNCOUNTED]);
+  CHECK(samples > 100);
+  // The process had its parallelism entry from the seeding iterator, so the sampler's first
+  // sights of the CPUs could count its threads without inserting.
+  CHECK(c[PS_CTR_RUNNING_UNCOUNTED] == 0);
+  CHECK(max_parallelism == 2);
+  CHECK(c[PS_CTR_RUNNING_MAP_FULL] == 0);
+  CHECK(c[PS_CTR_MAP_BUSY] == 0);
+}
+
+}  // namespace parascope::testing
