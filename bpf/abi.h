@@ -122,18 +122,23 @@ struct ps_control {
 PS_STATIC_ASSERT(sizeof(struct ps_control) == 24, "ps_control layout");
 
 /* Per-CPU progress of the programs (ps_progress, per-CPU array of 1): every program that reads
- * ps_control.active_buffer adds 1 to `enter` (atomically: an NMI sample may nest in sched_switch
- * on the same CPU) before it reads the control block, and 1 to `exit` after its last write to a
- * buffer's maps. At a window flip the daemon writes the new buffer, then reads every CPU's
- * `enter` (E); a program that read the old buffer entered before that read, so once each CPU's
- * `exit` has reached its E no program still writes the closed buffer. Works for any set of
- * CPUs (cpusets, isolated and offline CPUs: nothing migrates), unlike waiting by moving the
- * daemon onto each CPU. On x86-64 the atomic add is a locked instruction, a full barrier, which
- * orders it before the program's read of the control block (the store-buffering pattern:
- * either the daemon sees the increment or the program sees the new buffer). */
+ * ps_control.active_buffer adds 1 to `depth` before it reads the control block and subtracts 1
+ * after its last write to a buffer's maps, atomically: an NMI sample may nest in sched_switch
+ * on the same CPU, so depth can be 2 (a pair of enter/exit counts would not do: the nested
+ * program's exit could make the outer one look finished). At a window flip the daemon writes
+ * the new buffer, then reads every CPU's depth; a CPU whose depth was not 0 is waited for until
+ * it is seen at 0 once: every program in flight at the read has then returned, and one that
+ * entered after the read sees the new buffer. Works for any set of CPUs (cpusets, isolated and
+ * offline CPUs: nothing migrates), unlike waiting by moving the daemon onto each CPU. On x86-64
+ * the atomic add is a locked instruction, a full barrier, which orders it before the program's
+ * read of the control block (the store-buffering pattern: either the daemon sees the increment
+ * or the program sees the new buffer). A relaxed atomic (arm64's STADD for a BPF add without
+ * BPF_FETCH) would not order them: an arm64 port needs fetching atomics (Linux 5.12+) here. The
+ * thread-seeding iterator (sched.bpf.c ps_seed_threads) also reads active_buffer but runs only
+ * synchronously from the daemon before the first flip, so it needs no bracket. */
 struct ps_progress {
-  __u64 enter;
-  __u64 exit;
+  __s64 depth; /* programs running on this CPU now */
+  __u64 pad;
 };
 PS_STATIC_ASSERT(sizeof(struct ps_progress) == 16, "ps_progress layout");
 

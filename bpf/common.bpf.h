@@ -109,14 +109,14 @@ static __always_inline void ps_enter(void) {
   __u32 zero = 0;
   struct ps_progress *p = bpf_map_lookup_elem(&ps_progress, &zero);
   if (p)
-    __sync_fetch_and_add(&p->enter, 1);
+    __sync_fetch_and_add(&p->depth, 1);
 }
 
 static __always_inline void ps_leave(void) {
   __u32 zero = 0;
   struct ps_progress *p = bpf_map_lookup_elem(&ps_progress, &zero);
   if (p)
-    __sync_fetch_and_add(&p->exit, 1);
+    __sync_fetch_and_add(&p->depth, -1);
 }
 
 static __always_inline void ps_count(__u32 idx) {

@@ -405,27 +405,30 @@ absl::Status BpfPrograms::WaitForPrograms() {
   const int ncpu = libbpf_num_possible_cpus();
   if (ncpu <= 0) return LibbpfError(ncpu, "counting possible CPUs");
   // Per-CPU array values, one per possible CPU (bpf(2) BPF_MAP_LOOKUP_ELEM on a per-CPU map).
-  std::vector<ps_progress> entered(ncpu), now(ncpu);
+  std::vector<ps_progress> progress(ncpu);
   const int fd = bpf_map__fd(oncpu_->maps.ps_progress);
   const uint32_t zero = 0;
   // The caller's write of the new buffer is ordered before this read (its seq_cst fence, then
   // the system call).
-  if (bpf_map_lookup_elem(fd, &zero, entered.data()) != 0) {
+  // Each CPU's depth is one aligned 8-byte word, copied whole (kernel/bpf/arraymap.c
+  // bpf_percpu_array_copy, bpf_long_memcpy).
+  if (bpf_map_lookup_elem(fd, &zero, progress.data()) != 0) {
     return ErrnoStatus(errno, "reading ps_progress");
   }
   std::vector<int> busy;
   for (int c = 0; c < ncpu; ++c) {
-    if (entered[c].exit < entered[c].enter) busy.push_back(c);
+    if (progress[c].depth != 0) busy.push_back(c);
   }
   const int64_t deadline = MonotonicNowNs() + 1000000000;
   while (!busy.empty()) {
     // A program in flight has microseconds left: yield, then look again.
     std::this_thread::sleep_for(std::chrono::microseconds(20));
-    if (bpf_map_lookup_elem(fd, &zero, now.data()) != 0) {
+    if (bpf_map_lookup_elem(fd, &zero, progress.data()) != 0) {
       return ErrnoStatus(errno, "reading ps_progress");
     }
+    // Seen at depth 0 once: whatever ran at the first read has returned.
     busy.erase(std::remove_if(busy.begin(), busy.end(),
-                              [&](int c) { return now[c].exit >= entered[c].enter; }),
+                              [&](int c) { return progress[c].depth == 0; }),
                busy.end());
     if (!busy.empty() && MonotonicNowNs() > deadline) {
       ++flip_wait_timeouts_;

@@ -108,7 +108,7 @@ class BpfPrograms : public WindowSource {
   BpfPrograms() = default;
   absl::Status LoadSched(const Options& options);
   // Returns once every BPF program invocation that was running on any CPU when it was called
-  // has finished (bpf/abi.h struct ps_progress: per-CPU enter/exit counts), so that nothing
+  // has finished (bpf/abi.h struct ps_progress: per-CPU depth of running programs), so nothing
   // still writes a buffer the flip just closed. Nothing migrates: CPUs outside the agent's
   // cpuset, isolated and hotplugged ones are covered alike. Programs run for microseconds; after
   // 1 s of waiting it gives up on the stragglers, counts it (flip_wait_timeouts) and logs.

@@ -609,9 +609,10 @@ void UnwindService::PollLoop() {
       Work w{e, nullptr};
       const proc::ProcessKey key{e.tgid, e.tgid_start_ns, e.exec_id};
       // An event of an image replaced by an exec in this batch or before (a sample just before
-      // the exec): its maps are gone, and reading /proc now would file the new image's maps
-      // under the old identity, for the symbolizer and the unwind tables alike.
-      if (e.kind != PS_UNWIND_EVENT_EXEC && Superseded(key)) continue;
+      // the exec, or the first of two quick execs as in `sh -c 'exec prog'`): its maps are gone,
+      // and reading /proc now would file the new image's maps under the old identity, for the
+      // symbolizer and the unwind tables alike. The newest exec is never superseded (strict >).
+      if (Superseded(key)) continue;
       if (processes_ != nullptr) {
         bool take;
         if (e.kind == PS_UNWIND_EVENT_UNKNOWN_PC) {

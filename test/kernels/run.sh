@@ -140,7 +140,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", b == 0 ? 0 : a / b}'; }
 # at 499 Hz); without BTF the agent exits 1 naming it. Under TCG ld.so's start-up of each child
 # costs more than its burn, so shares of the children's total would say nothing.
 checks() {
-  local r=$1 fail="" figs="" t f a b pid tid
+  local r=$1 fail="" figs="" t f a b pid tid n
   # full: the agent on burn with its default profile types.
   if grep -q ' I attached: ' "$r/full/agent.log" 2>/dev/null && [ "$(cat "$r/full/rc" 2>/dev/null)" = 0 ]; then
     for t in process_cpu off_cpu wall latency; do
