@@ -43,8 +43,8 @@ TEST_CASE("bpf: the start-up probes pass on this kernel", "[root][bpf]") {
   CHECK(st.ok());
 }
 
-TEST_CASE("bpf: sched_switch loads as the kernel's BTF says, and as the 3-argument fallback; "
-          "both record a sleeping thread's time",
+TEST_CASE("bpf: sched_switch loads as the kernel's BTF says and as the 3-argument fallback, "
+          "both recording a sleeping thread's time",
           "[root][bpf]") {
   if (!RequireRoot()) return;
   btf* vmlinux = btf__load_vmlinux_btf();
