@@ -570,6 +570,7 @@ void UnwindService::PollLoop() {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     now = MonotonicNowNs();
+    const int64_t handling_start = now;
     // The latest image of each process, from the kernel's exec events: a follow-up of an older
     // image is void (it would read the new image's maps under the old identity).
     for (const ps_unwind_event& e : batch) {
@@ -649,6 +650,11 @@ void UnwindService::PollLoop() {
       }
     }
     queue_cv_.notify_one();
+    const int64_t handled_ns = MonotonicNowNs() - handling_start;
+    if (handled_ns > 5000000) {
+      Log(LogLevel::kDebug, "unwind: %d events and %d follow-ups took %.1f ms", batch.size(),
+          work.size(), handled_ns / 1e6);
+    }
   }
 }
 

@@ -51,6 +51,12 @@ class Agent {
              "--duration=300s",
              "--http-address=",
              "--output-dir=" + out_dir};
+    // PS_TEST_AGENT_STDERR=FILE: the agent logs at debug level and Stop() writes its stderr
+    // there (for chasing a rare failure; the default run is as a user runs it).
+    if (const char* f = getenv("PS_TEST_AGENT_STDERR"); f != nullptr && *f != 0) {
+      stderr_file_ = f;
+      argv_.push_back("--log-level=debug");
+    }
     child_ = std::make_unique<Child>(argv_);
     std::string line;
     bool attached = child_->WaitForStderr("attached:", &line);
@@ -63,6 +69,7 @@ class Agent {
     REQUIRE(child_->Running());
     kill(child_->pid(), SIGINT);
     int status = child_->Wait(120);
+    if (!stderr_file_.empty()) std::ofstream(stderr_file_) << child_->stderr_text();
     INFO("agent stderr:\n" << child_->stderr_text());
     REQUIRE(WIFEXITED(status));
     REQUIRE(WEXITSTATUS(status) == 0);
@@ -79,6 +86,7 @@ class Agent {
 
  private:
   std::vector<std::string> argv_;
+  std::string stderr_file_;
   std::unique_ptr<Child> child_;
 };
 
