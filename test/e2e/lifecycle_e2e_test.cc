@@ -52,7 +52,7 @@ class Agent {
              "--http-address=",
              "--output-dir=" + out_dir};
     // PS_TEST_AGENT_STDERR=FILE: the agent logs at debug level and Stop() writes its stderr
-    // there (for chasing a rare failure; the default run is as a user runs it).
+    // there, appended (for chasing a rare failure; the default run is as a user runs it).
     if (const char* f = getenv("PS_TEST_AGENT_STDERR"); f != nullptr && *f != 0) {
       stderr_file_ = f;
       argv_.push_back("--log-level=debug");
@@ -69,7 +69,11 @@ class Agent {
     REQUIRE(child_->Running());
     kill(child_->pid(), SIGINT);
     int status = child_->Wait(120);
-    if (!stderr_file_.empty()) std::ofstream(stderr_file_) << child_->stderr_text();
+    if (!stderr_file_.empty()) {
+      std::ofstream(stderr_file_, std::ios::app)
+          << "==== " << Catch::getResultCapture().getCurrentTestName() << "\n"
+          << child_->stderr_text();
+    }
     INFO("agent stderr:\n" << child_->stderr_text());
     REQUIRE(WIFEXITED(status));
     REQUIRE(WEXITSTATUS(status) == 0);
