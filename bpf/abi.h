@@ -269,7 +269,9 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_CTR_RUNNING_UNCOUNTED 26    /* a sample found a task switched in unseen of a process
                                           without a ps_running entry (the sampler inserts none):
                                           counted from its next switch-in */
-#define PS_CTR_NUM 27
+#define PS_CTR_UNWIND_VMA_FRAMES 27     /* frames unwound through a file found by bpf_find_vma
+                                          (a mapping the process's list lacks yet) */
+#define PS_CTR_NUM 28
 
 /* Default capacities; the daemon sizes ps_stacks<N> and ps_oncpu<N> before load from the CPU count,
  * frequency and window, ps_sched_stacks<N> by whether off-CPU stacks are taken, and ps_threads
@@ -383,12 +385,37 @@ PS_STATIC_ASSERT(sizeof(struct ps_unwind_proc) == 24, "ps_unwind_proc layout");
 /* USER_HZ clock ticks of /proc/<pid>/stat start times: nsec_to_clock_t (kernel/time/time.c). */
 #define PS_NS_PER_TICK 10000000ULL
 
+/* ps_unwind_files: the table of a file by the identity its vmas show (Linux 5.17+, where the
+ * walker has bpf_find_vma). A pc in no mapping of the process's list (ld.so mapped the library
+ * after the daemon read the maps, or the process has no list yet) is looked up by its vma's file:
+ * key as /proc/<pid>/maps shows it (dev = vma->vm_file->f_inode->i_sb->s_dev in the kernel's
+ * MKDEV encoding, major << 20 | minor, include/linux/kdev_t.h; ino = i_ino; fs/proc/task_mmu.c
+ * show_map_vma). The file's executable PT_LOAD (one per file; files with several are not
+ * entered) gives the bias: pc - vm_start + vm_pgoff * PAGE_SIZE - seg_offset + seg_vaddr is the
+ * pc's ELF address (ELF gABI "Program Header"). */
+struct ps_unwind_file_key {
+  __u64 dev;
+  __u64 ino;
+};
+PS_STATIC_ASSERT(sizeof(struct ps_unwind_file_key) == 16, "ps_unwind_file_key layout");
+struct ps_unwind_file {
+  __u64 seg_offset; /* p_offset of the PF_X PT_LOAD */
+  __u64 seg_vaddr;  /* its p_vaddr */
+  __u64 seg_filesz; /* its p_filesz */
+  __u32 first;      /* rows [first, first + count) of ps_unwind_rows */
+  __u32 count;
+};
+PS_STATIC_ASSERT(sizeof(struct ps_unwind_file) == 32, "ps_unwind_file layout");
+#define PS_UNWIND_FILE_ENTRIES 8192 /* files with a table reachable by bpf_find_vma */
+
 /* Ring-buffer event (ps_unwind_events): the walker met a process without an entry, or a pc in
  * no known mapping (a library loaded since), or the process exec'ed (same tgid and start time,
  * new image), so the daemon should (re)load its tables. */
 #define PS_UNWIND_EVENT_NEW_PROCESS 1
 #define PS_UNWIND_EVENT_UNKNOWN_PC 2
 #define PS_UNWIND_EVENT_EXEC 3 /* sched_process_exec: the old image's entry was deleted */
+#define PS_UNWIND_EVENT_CLAIM 4 /* the walker claimed an entry read from /proc (exec id unknown):
+                                   a process that ran before the agent loaded it, not urgent */
 struct ps_unwind_event {
   __u32 tgid;
   __u32 kind; /* PS_UNWIND_EVENT_* */

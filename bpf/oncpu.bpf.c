@@ -50,7 +50,8 @@ struct {
 
 /* Records one sample into one buffer's maps. */
 static __always_inline void ps_record(struct bpf_perf_event_data *ctx, void *stacks, void *oncpu,
-                                      struct ps_oncpu_key *key, __u64 period) {
+                                      struct ps_oncpu_key *key, __u64 period,
+                                      const int use_vma) {
   /* A stack that was walked but not stored is counted by ps_store_stack, not as a fault. */
   key->kernel_stack =
       ps_capture_kernel_stack(ctx, &ps_oncpu_scratch, stacks, &key->kernel_stack_err);
@@ -58,7 +59,7 @@ static __always_inline void ps_record(struct bpf_perf_event_data *ctx, void *sta
     ps_count(PS_CTR_KERNEL_STACK_FAULT);
   key->user_stack = ps_capture_user_stack((struct pt_regs *)&ctx->regs, stacks, key->tgid,
                                           key->tgid_start_ns, key->exec_id,
-                                          &key->user_stack_err);
+                                          &key->user_stack_err, use_vma);
   if (key->user_stack_err && !ps_stack_store_failed(key->user_stack_err))
     ps_count(PS_CTR_USER_STACK_FAULT);
 
@@ -82,7 +83,7 @@ static __always_inline void ps_record(struct bpf_perf_event_data *ctx, void *sta
   __sync_fetch_and_add(&val->period_sum, period);
 }
 
-static __always_inline int ps_sample(struct bpf_perf_event_data *ctx) {
+static __always_inline int ps_sample(struct bpf_perf_event_data *ctx, const int use_vma) {
   struct ps_control *ctl = ps_get_control();
   __u32 zero = 0;
   struct ps_cpu_state *cs = bpf_map_lookup_elem(&ps_cpu_state, &zero);
@@ -138,16 +139,27 @@ static __always_inline int ps_sample(struct bpf_perf_event_data *ctx) {
     }
   }
   if (ctl->active_buffer == 0)
-    ps_record(ctx, &ps_stacks0, &ps_oncpu0, &key, ctx->sample_period);
+    ps_record(ctx, &ps_stacks0, &ps_oncpu0, &key, ctx->sample_period, use_vma);
   else
-    ps_record(ctx, &ps_stacks1, &ps_oncpu1, &key, ctx->sample_period);
+    ps_record(ctx, &ps_stacks1, &ps_oncpu1, &key, ctx->sample_period, use_vma);
   return 0;
 }
 
 SEC("perf_event")
 int ps_on_cpu_sample(struct bpf_perf_event_data *ctx) {
   ps_enter();
-  int rc = ps_sample(ctx);
+  int rc = ps_sample(ctx, /*use_vma=*/0);
+  ps_leave();
+  return rc;
+}
+
+/* The sampler for Linux 5.17+: a pc outside the process's known mappings (a library ld.so mapped
+ * a moment ago, a process the daemon has not read yet) is unwound through its vma's file table
+ * (bpf_find_vma). One of the two is loaded (agent/bpf/programs.cc). */
+SEC("perf_event")
+int ps_on_cpu_sample_vma(struct bpf_perf_event_data *ctx) {
+  ps_enter();
+  int rc = ps_sample(ctx, /*use_vma=*/1);
   ps_leave();
   return rc;
 }

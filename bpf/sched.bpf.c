@@ -254,7 +254,7 @@ static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, _
     __u64 tgid_start_ns = BPF_CORE_READ(prev, group_leader, start_boottime);
     ts->kernel_stack = ps_capture_kernel_stack(ctx, &ps_sched_scratch, stacks, &ts->kernel_stack_err);
     ts->user_stack = ps_capture_user_stack(0, stacks, tgid, tgid_start_ns, ps_exec_id(prev),
-                                           &ts->user_stack_err);
+                                           &ts->user_stack_err, /*use_vma=*/0);
   } else {
     ts->kernel_stack = 0;
     ts->user_stack = 0;

@@ -7,7 +7,8 @@
  * stack. A pc without a table (no process entry yet, JIT code, no CFI for the address) takes the
  * frame-pointer step instead (CFA = FP + 16, RA at FP + 8, caller's FP at FP), counted. Every
  * loop is bounded by a constant from abi.h; no helper newer than 5.8 (ring buffer) is needed,
- * bpf_task_pt_regs (5.15) is used where the kernel has it. */
+ * bpf_task_pt_regs (5.15) is used where the kernel has it, and the sampler's _vma variant
+ * (5.17+: bpf_find_vma) finds the table of a pc outside the process's list by its vma's file. */
 #ifndef PARASCOPE_BPF_UNWIND_BPF_H_
 #define PARASCOPE_BPF_UNWIND_BPF_H_
 
@@ -57,6 +58,15 @@ struct {
   __type(key, __u32);
   __type(value, struct ps_unwind_row);
 } ps_unwind_rows SEC(".maps");
+
+/* Tables by file identity, for pcs outside the process's list (abi.h ps_unwind_file; written by
+ * the daemon as it builds tables, read only by the find_vma walker variant). */
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, PS_UNWIND_FILE_ENTRIES);
+  __type(key, struct ps_unwind_file_key);
+  __type(value, struct ps_unwind_file);
+} ps_unwind_files SEC(".maps");
 
 struct {
   __uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -198,6 +208,50 @@ static __always_inline int ps_read_user_u64(__u64 addr, __u64 *out) {
   return bpf_probe_read_user(out, sizeof(*out), (const void *)addr);
 }
 
+/* ---- a pc's table through its vma (Linux 5.17+: bpf_find_vma) ---- */
+
+#define PS_VM_EXEC 0x00000004UL /* include/linux/mm.h */
+#define PS_PAGE_SHIFT 12        /* vm_pgoff counts PAGE_SIZE units; x86-64 pages are 4 KiB */
+
+/* bpf_find_vma's callback context: the pc looked up in, its table and bias out. */
+struct ps_vma_lookup {
+  __u64 start, end; /* the vma */
+  __u64 bias;
+  __u32 first;
+  __u32 count;
+  __u32 found;
+  __u32 pad;
+};
+
+/* Called by bpf_find_vma with the vma holding the pc (kernel/bpf/task_iter.c, under the mmap
+ * lock taken by trylock): the table of its file, if the daemon entered one (ps_unwind_files). */
+static long ps_vma_file_table(struct task_struct *task, struct vm_area_struct *vma,
+                              struct ps_vma_lookup *out) {
+  if (!(BPF_CORE_READ(vma, vm_flags) & PS_VM_EXEC))
+    return 0;
+  struct inode *inode = BPF_CORE_READ(vma, vm_file, f_inode);
+  if (!inode)
+    return 0;
+  struct ps_unwind_file_key key = {};
+  key.dev = BPF_CORE_READ(inode, i_sb, s_dev);
+  key.ino = BPF_CORE_READ(inode, i_ino);
+  struct ps_unwind_file *f = bpf_map_lookup_elem(&ps_unwind_files, &key);
+  if (!f)
+    return 0;
+  __u64 start = BPF_CORE_READ(vma, vm_start), end = BPF_CORE_READ(vma, vm_end);
+  __u64 offset = BPF_CORE_READ(vma, vm_pgoff) << PS_PAGE_SHIFT;
+  /* The mapping must show the executable segment's bytes. */
+  if (offset >= f->seg_offset + f->seg_filesz || offset + (end - start) <= f->seg_offset)
+    return 0;
+  out->start = start;
+  out->end = end;
+  out->bias = start - offset + f->seg_offset - f->seg_vaddr;
+  out->first = f->first;
+  out->count = f->count;
+  out->found = 1;
+  return 0;
+}
+
 /* One walk in progress, per CPU and per object (each object's programs have their own copy: a
  * sample may interrupt sched_switch on its CPU only with a hardware PMU NMI, and then runs the
  * other object's walker). */
@@ -209,6 +263,12 @@ struct ps_unwind_state {
   __u32 exact;    /* pc is exact (leaf, or after a signal frame), not a return address */
   __u32 outcome;  /* PS_UNWIND_* once done */
   __u32 has_proc;
+  /* The vma bpf_find_vma found in this walk, reused for the walk's other pcs in it: with
+   * interrupts off (a sample) the helper defers its mmap unlock to an irq_work and refuses a
+   * second call until that ran (-EBUSY; kernel/bpf/mmap_unlock_work.h), so one lookup per
+   * walk is all there is. */
+  __u32 vma_tried;
+  struct ps_vma_lookup vma;
   struct ps_unwind_proc proc;
   struct ps_stack st;
   __u64 guard; /* st.ips[PS_MAX_STACK_DEPTH]: lets the index be masked for the verifier */
@@ -222,11 +282,9 @@ struct {
 } ps_unwind_state_map SEC(".maps");
 
 /* Unwinds frame `i` of the walk in ps_unwind_state_map: records its pc and steps to its
- * caller. Returns 1 to go on, 0 when the walk ended (outcome set). A global function: the
- * verifier checks it once instead of once per frame of every caller's loop (Linux 5.6 "bpf:
- * Introduce function-by-function verification"), which keeps a 127-frame walk far below the
- * 1M-instruction limit on kernels without bpf_loop (5.17). */
-__attribute__((noinline)) int ps_unwind_frame(__u32 i) {
+ * caller. Returns 1 to go on, 0 when the walk ended (outcome set). use_vma: a pc in no mapping
+ * of the process's list is looked up through its vma (bpf_find_vma, Linux 5.17+). */
+static __always_inline int ps_unwind_frame_body(__u32 i, const int use_vma) {
   __u32 zero = 0;
   struct ps_unwind_state *w = bpf_map_lookup_elem(&ps_unwind_state_map, &zero);
   if (!w)
@@ -254,6 +312,7 @@ __attribute__((noinline)) int ps_unwind_frame(__u32 i) {
 
   struct ps_unwind_row *row = 0;
   __u32 no_table = PS_UNWIND_NO_TABLE_YET; /* the process has no entry yet */
+  int listed = 0;                          /* the pc is in a mapping of the process's list */
   if (w->has_proc) {
     int mi = ps_find_mapping_index(w->proc.first, w->proc.count, lookup);
     __u32 key = mi < 0 ? 0 : (__u32)mi;
@@ -263,12 +322,35 @@ __attribute__((noinline)) int ps_unwind_frame(__u32 i) {
       ps_unwind_notify(w->tgid, w->tgid_start_ns, w->exec_id, PS_UNWIND_EVENT_UNKNOWN_PC);
       no_table = PS_UNWIND_NO_TABLE_PC;
     } else if (m->state == PS_TABLE_READY) {
+      listed = 1;
       int ri = ps_find_row_index(m->first, m->count, lookup - m->bias);
       key = ri < 0 ? 0 : (__u32)ri;
       row = ri < 0 ? 0 : bpf_map_lookup_elem(&ps_unwind_rows, &key);
       no_table = PS_UNWIND_NO_TABLE_PC;
     } else {
+      listed = 1;
       no_table = PS_UNWIND_NO_TABLE_PC; /* PS_TABLE_NONE */
+    }
+  }
+  if (use_vma && !listed) {
+    /* Not in the process's list (or no list yet): the table of the file its vma maps, which the
+     * daemon usually has (libc, a program run before). -EBUSY when the mmap lock is held. */
+    if (!w->vma_tried || (w->vma.found && (lookup < w->vma.start || lookup >= w->vma.end))) {
+      /* The first pc outside the list in this walk; or another vma than the one found (the
+       * call may then be refused, see vma_tried). */
+      struct ps_vma_lookup v = {};
+      long rc = bpf_find_vma(bpf_get_current_task_btf(), lookup, ps_vma_file_table, &v, 0);
+      w->vma_tried = 1;
+      if (rc == 0 && v.found)
+        w->vma = v;
+    }
+    struct ps_vma_lookup v = w->vma;
+    if (v.found && lookup >= v.start && lookup < v.end) {
+      int ri = ps_find_row_index(v.first, v.count, lookup - v.bias);
+      __u32 key = ri < 0 ? 0 : (__u32)ri;
+      row = ri < 0 ? 0 : bpf_map_lookup_elem(&ps_unwind_rows, &key);
+      if (row && row->cfa_rule != PS_CFA_NONE)
+        ps_count(PS_CTR_UNWIND_VMA_FRAMES);
     }
   }
 
@@ -355,11 +437,21 @@ __attribute__((noinline)) int ps_unwind_frame(__u32 i) {
   return 1;
 }
 
+/* Frame i of the walk (ps_unwind_frame_body). Global functions: the verifier checks each once
+ * instead of once per frame of every caller's loop (Linux 5.6 "bpf: Introduce
+ * function-by-function verification"), which keeps a 127-frame walk far below the
+ * 1M-instruction limit on kernels without bpf_loop (5.17). */
+__attribute__((noinline)) int ps_unwind_frame(__u32 i) { return ps_unwind_frame_body(i, 0); }
+/* The same, looking up pcs outside the process's list through their vma (Linux 5.17+); only
+ * the program variant that calls it is loaded there (agent/bpf/programs.cc). */
+__attribute__((noinline)) int ps_unwind_frame_vma(__u32 i) { return ps_unwind_frame_body(i, 1); }
+
 /* Walks the current task's user stack into the per-CPU walk state. Returns the walk's stack
  * (leaf first, outcome in flags) or NULL for a task without user memory. tgid/tgid_start_ns
  * identify the process (ps_unwind_procs). */
 static __always_inline struct ps_stack *ps_unwind_user(struct pt_regs *ctx_regs, __u32 tgid,
-                                                       __u64 tgid_start_ns, __u32 exec_id) {
+                                                       __u64 tgid_start_ns, __u32 exec_id,
+                                                       const int use_vma) {
   __u32 zero = 0;
   struct ps_unwind_state *w = bpf_map_lookup_elem(&ps_unwind_state_map, &zero);
   if (!w)
@@ -378,6 +470,8 @@ static __always_inline struct ps_stack *ps_unwind_user(struct pt_regs *ctx_regs,
   w->st.len = 0;
   w->st.flags = 0;
   w->has_proc = 0;
+  w->vma_tried = 0;
+  w->vma.found = 0;
   struct ps_unwind_proc *proc = bpf_map_lookup_elem(&ps_unwind_procs, &tgid);
   if (proc && proc->tgid_start_ticks == tgid_start_ns / PS_NS_PER_TICK &&
       (proc->exec_id == exec_id || proc->exec_id == PS_EXEC_ID_UNKNOWN)) {
@@ -386,7 +480,7 @@ static __always_inline struct ps_stack *ps_unwind_user(struct pt_regs *ctx_regs,
        * entry for the running image and tell the daemon the process's full identity, so that it
        * snapshots the process for symbolization while it lives. */
       proc->exec_id = exec_id;
-      ps_unwind_notify(tgid, tgid_start_ns, exec_id, PS_UNWIND_EVENT_NEW_PROCESS);
+      ps_unwind_notify(tgid, tgid_start_ns, exec_id, PS_UNWIND_EVENT_CLAIM);
     }
     w->proc = *proc;
     w->has_proc = 1;
@@ -396,7 +490,7 @@ static __always_inline struct ps_stack *ps_unwind_user(struct pt_regs *ctx_regs,
     ps_unwind_notify(tgid, tgid_start_ns, exec_id, PS_UNWIND_EVENT_NEW_PROCESS);
   }
   for (__u32 i = 0; i <= PS_MAX_STACK_DEPTH; i++) {
-    if (!ps_unwind_frame(i))
+    if (!(use_vma ? ps_unwind_frame_vma(i) : ps_unwind_frame(i)))
       break;
   }
   w->st.flags = w->outcome;
@@ -419,9 +513,10 @@ static __always_inline void ps_count_unwind(__u32 outcome) {
  * user stack, as for a kernel thread). */
 static __always_inline __u64 ps_capture_user_stack(struct pt_regs *ctx_regs, void *stacks,
                                                    __u32 tgid, __u64 tgid_start_ns,
-                                                   __u32 exec_id, __s32 *err) {
+                                                   __u32 exec_id, __s32 *err,
+                                                   const int use_vma) {
   *err = 0;
-  struct ps_stack *st = ps_unwind_user(ctx_regs, tgid, tgid_start_ns, exec_id);
+  struct ps_stack *st = ps_unwind_user(ctx_regs, tgid, tgid_start_ns, exec_id, use_vma);
   if (!st)
     return 0;
   long n = (long)st->len * sizeof(__u64);

@@ -95,6 +95,19 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   }
   skel->rodata->ps_cfg_filter_tgid = options.tgids.empty() ? 0 : 1;
   skel->rodata->ps_cfg_parallelism = options.sched ? 1 : 0;
+  // The sampler variant: with bpf_find_vma (Linux 5.17+) a pc outside its process's known
+  // mappings is unwound through its file's table (bpf/unwind.bpf.h), so the first samples after
+  // ld.so maps a library, or of a process the daemon has not read yet, are whole.
+  const bool find_vma =
+      libbpf_probe_bpf_helper(BPF_PROG_TYPE_PERF_EVENT, BPF_FUNC_find_vma, nullptr) == 1 &&
+      libbpf_probe_bpf_helper(BPF_PROG_TYPE_PERF_EVENT, BPF_FUNC_get_current_task_btf,
+                              nullptr) == 1;
+  self->sampler_ = find_vma ? skel->progs.ps_on_cpu_sample_vma : skel->progs.ps_on_cpu_sample;
+  bpf_program__set_autoload(skel->progs.ps_on_cpu_sample, !find_vma);
+  bpf_program__set_autoload(skel->progs.ps_on_cpu_sample_vma, find_vma);
+  Log(LogLevel::kDebug, "bpf_find_vma in perf_event programs (Linux 5.17+): %s",
+      find_vma ? "yes, pcs outside known mappings are looked up by their file"
+               : "no, such pcs wait for the daemon to read the process's maps");
   if (int rc = oncpu_bpf::load(skel); rc) return LibbpfError(rc, "loading oncpu.bpf.o");
 
   void* ctl = mmap(nullptr, sysconf(_SC_PAGESIZE), PROT_READ | PROT_WRITE, MAP_SHARED,
@@ -143,7 +156,7 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   if (self->sched_ != nullptr) self->SeedSleepingThreads();
   for (size_t i = 0; i < self->events_.fds.size(); ++i) {
     bpf_link* link =
-        bpf_program__attach_perf_event(skel->progs.ps_on_cpu_sample, self->events_.fds[i].get());
+        bpf_program__attach_perf_event(self->sampler_, self->events_.fds[i].get());
     if (link == nullptr) {
       return LibbpfError(-errno, absl::StrCat("attaching to ", self->events_.name, " on CPU ",
                                               self->events_.cpus[i]));
@@ -170,6 +183,7 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
                    Shared{sched_->maps.ps_unwind_procs, oncpu_->maps.ps_unwind_procs},
                    Shared{sched_->maps.ps_unwind_maps, oncpu_->maps.ps_unwind_maps},
                    Shared{sched_->maps.ps_unwind_rows, oncpu_->maps.ps_unwind_rows},
+                   Shared{sched_->maps.ps_unwind_files, oncpu_->maps.ps_unwind_files},
                    Shared{sched_->maps.ps_unwind_events, oncpu_->maps.ps_unwind_events},
                    Shared{sched_->maps.ps_unwind_notify_state,
                           oncpu_->maps.ps_unwind_notify_state}}) {
@@ -258,12 +272,15 @@ namespace {
 // so the walker never reaches rows or mappings before they are written.
 class BpfUnwindMaps : public unwind::UnwindMaps {
  public:
-  BpfUnwindMaps(int procs_fd, int rows_fd, uint32_t rows_cap, int maps_fd, uint32_t maps_cap)
+  // files_fd: ps_unwind_files, or -1 when the loaded walker does not read it (no bpf_find_vma).
+  BpfUnwindMaps(int procs_fd, int rows_fd, uint32_t rows_cap, int maps_fd, uint32_t maps_cap,
+                int files_fd)
       : procs_fd_(procs_fd),
         rows_fd_(rows_fd),
         rows_cap_(rows_cap),
         maps_fd_(maps_fd),
-        maps_cap_(maps_cap) {}
+        maps_cap_(maps_cap),
+        files_fd_(files_fd) {}
   uint32_t row_capacity() const override { return rows_cap_; }
   uint32_t mapping_capacity() const override { return maps_cap_; }
   void WriteRows(uint32_t first, absl::Span<const ps_unwind_row> rows) override {
@@ -279,6 +296,16 @@ class BpfUnwindMaps : public unwind::UnwindMaps {
     return absl::OkStatus();
   }
   void DeleteProcess(uint32_t tgid) override { bpf_map_delete_elem(procs_fd_, &tgid); }
+  absl::Status SetFile(const ps_unwind_file_key& key, const ps_unwind_file& file) override {
+    if (files_fd_ < 0) return absl::OkStatus();
+    if (bpf_map_update_elem(files_fd_, &key, &file, BPF_ANY) != 0) {
+      return ErrnoStatus(errno, "updating ps_unwind_files");
+    }
+    return absl::OkStatus();
+  }
+  void DeleteFile(const ps_unwind_file_key& key) override {
+    if (files_fd_ >= 0) bpf_map_delete_elem(files_fd_, &key);
+  }
   // BPF programs run under rcu_read_lock (kernel/events/core.c bpf_overflow_handler,
   // kernel/trace/bpf_trace.c __bpf_trace_run), so an RCU grace period waits them out:
   // membarrier(MEMBARRIER_CMD_GLOBAL) is synchronize_rcu() (kernel/sched/membarrier.c;
@@ -315,6 +342,7 @@ class BpfUnwindMaps : public unwind::UnwindMaps {
   uint32_t rows_cap_;
   int maps_fd_;
   uint32_t maps_cap_;
+  int files_fd_;
 };
 
 
@@ -341,7 +369,9 @@ absl::Status BpfPrograms::StartUnwinder(const Options& options) {
   auto maps = std::make_unique<BpfUnwindMaps>(
       bpf_map__fd(oncpu_->maps.ps_unwind_procs), bpf_map__fd(oncpu_->maps.ps_unwind_rows),
       bpf_map__max_entries(oncpu_->maps.ps_unwind_rows), bpf_map__fd(oncpu_->maps.ps_unwind_maps),
-      bpf_map__max_entries(oncpu_->maps.ps_unwind_maps));
+      bpf_map__max_entries(oncpu_->maps.ps_unwind_maps),
+      sampler_ == oncpu_->progs.ps_on_cpu_sample_vma ? bpf_map__fd(oncpu_->maps.ps_unwind_files)
+                                                     : -1);
   unwinder_ = std::make_unique<unwind::UnwindService>(
       std::move(maps),
       [rb, slot](int timeout_ms, const std::function<void(const ps_unwind_event&)>& handler) {
@@ -469,6 +499,7 @@ void BpfPrograms::StopTracking(uint32_t tgid) {
 std::vector<BpfPrograms::ProgramStats> BpfPrograms::ProgramRunTimes() const {
   std::vector<ProgramStats> out;
   std::vector<const bpf_program*> progs = {oncpu_->progs.ps_on_cpu_sample,
+                                           oncpu_->progs.ps_on_cpu_sample_vma,
                                            oncpu_->progs.ps_process_exec};
   if (sched_ != nullptr) {
     progs.insert(progs.end(), {sched_->progs.ps_sched_switch, sched_->progs.ps_sched_switch3,

@@ -22,6 +22,7 @@
 struct oncpu_bpf;
 struct sched_bpf;
 struct bpf_link;
+struct bpf_program;
 struct ring_buffer;
 
 namespace parascope {
@@ -130,6 +131,7 @@ class BpfPrograms : public WindowSource {
   struct ring_buffer* unwind_events_ = nullptr;
   std::unique_ptr<const std::function<void(const ps_unwind_event&)>*> unwind_events_slot_;
   oncpu_bpf* oncpu_ = nullptr;
+  bpf_program* sampler_ = nullptr;  // the perf_event program loaded: ps_on_cpu_sample[_vma]
   sched_bpf* sched_ = nullptr;
   std::string sched_kind_;
   SamplingEvents events_;

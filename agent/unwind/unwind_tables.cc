@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/auxv.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <limits.h>
@@ -153,6 +154,7 @@ bool UnwindTables::MakeRoom(uint32_t rows) {
       }
       if (victim == nullptr) break;
       for (const std::string& id : victim->identities) identity_to_key_.erase(id);
+      ForgetFiles(victim);  // before its rows are freed: the quarantine covers readers
       Quarantine(true, victim->first, victim->count);
       stats_.table_bytes -= uint64_t{victim->count} * sizeof(ps_unwind_row);
       ++stats_.tables_evicted;
@@ -295,7 +297,60 @@ UnwindTables::Table* UnwindTables::TableFor(uint32_t tgid, const proc::MapEntry&
   }
   identity_to_key_[identity] = key;
   table->identities.push_back(identity);
+  EnterFile(table, m, st);
   return table;
+}
+
+void UnwindTables::EnterFile(Table* table, const proc::MapEntry& m, const struct stat& st) {
+  const UnwindTable::Segment* exec = nullptr;
+  for (const UnwindTable::Segment& s : table->loads) {
+    if (!s.exec) continue;
+    if (exec != nullptr) return;  // several executable segments: no single bias
+    exec = &s;
+  }
+  if (exec == nullptr) return;
+  ps_unwind_file value{};
+  value.seg_offset = exec->offset;
+  value.seg_vaddr = exec->vaddr;
+  value.seg_filesz = exec->filesz;
+  value.first = table->first;
+  value.count = table->count;
+  // The kernel's dev_t: MKDEV(major, minor) = major << 20 | minor (include/linux/kdev_t.h), as
+  // the walker reads i_sb->s_dev; /proc/<pid>/maps prints major:minor of the same.
+  auto kdev = [](uint64_t major_, uint64_t minor_) { return (major_ << 20) | minor_; };
+  ps_unwind_file_key keys[2] = {{kdev(m.dev_major, m.dev_minor), m.inode},
+                                {kdev(major(st.st_dev), minor(st.st_dev)), st.st_ino}};
+  for (int i = 0; i < 2; ++i) {
+    const ps_unwind_file_key& k = keys[i];
+    if (i == 1 && k.dev == keys[0].dev && k.ino == keys[0].ino) break;
+    auto it = files_.find(k);
+    if (it == files_.end() && files_.size() >= PS_UNWIND_FILE_ENTRIES) {
+      ++stats_.files_full;
+      continue;
+    }
+    if (!maps_->SetFile(k, value).ok()) {
+      ++stats_.files_full;
+      continue;
+    }
+    if (it != files_.end()) {
+      it->second = table;  // the file changed in place: the newest table
+    } else {
+      files_.emplace(k, table);
+    }
+    table->file_keys.push_back(k);
+  }
+  stats_.files = files_.size();
+}
+
+void UnwindTables::ForgetFiles(Table* table) {
+  for (const ps_unwind_file_key& k : table->file_keys) {
+    auto it = files_.find(k);
+    if (it == files_.end() || it->second != table) continue;  // another table's now
+    maps_->DeleteFile(k);
+    files_.erase(it);
+  }
+  table->file_keys.clear();
+  stats_.files = files_.size();
 }
 
 void UnwindTables::Unref(Table* t) {
@@ -490,14 +545,49 @@ void UnwindService::Start(const std::vector<uint32_t>& tgids) {
     }
   }
   table_thread_ = std::thread([this] { TableLoop(); });
+  claim_thread_ = std::thread([this] { ClaimLoop(); });
   thread_ = std::thread([this] { PollLoop(); });
 }
 
 void UnwindService::Stop() {
   stop_ = true;
   queue_cv_.notify_all();
+  claim_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (claim_thread_.joinable()) claim_thread_.join();
   if (table_thread_.joinable()) table_thread_.join();
+}
+
+void UnwindService::ClaimLoop() {
+  std::deque<ps_unwind_event> batch;
+  while (!stop_) {
+    {
+      std::unique_lock<std::mutex> l(claim_mu_);
+      claim_cv_.wait_for(l, std::chrono::milliseconds(100),
+                         [this] { return stop_ || !claims_.empty(); });
+      batch.swap(claims_);
+    }
+    for (const ps_unwind_event& e : batch) {
+      if (stop_) break;
+      Work w{e, nullptr};
+      const proc::ProcessKey key{e.tgid, e.tgid_start_ns, e.exec_id};
+      if (processes_ != nullptr && !processes_->HasSnapshot(key)) {
+        auto s = processes_->Snapshot(key);
+        Log(LogLevel::kDebug, "process %d (exec %d): snapshot after its claim: %s", e.tgid,
+            e.exec_id,
+            s.ok() ? absl::StrCat((*s)->maps.size(), " mappings") : s.status().ToString());
+        if (s.ok()) w.snapshot = *std::move(s);
+      }
+      std::lock_guard<std::mutex> l(queue_mu_);
+      if (queue_.size() >= kMaxQueued) {
+        ++dropped_;
+        continue;
+      }
+      queue_.push_back(std::move(w));
+      queue_cv_.notify_one();
+    }
+    batch.clear();
+  }
 }
 
 UnwindTableStats UnwindService::stats() const {
@@ -571,6 +661,10 @@ void UnwindService::PollLoop() {
     }
     now = MonotonicNowNs();
     const int64_t handling_start = now;
+    // Exec events first: a new image's maps must be read while it lives (a 20 ms process).
+    std::stable_partition(batch.begin(), batch.end(), [](const ps_unwind_event& e) {
+      return e.kind == PS_UNWIND_EVENT_EXEC;
+    });
     // The latest image of each process, from the kernel's exec events: a follow-up of an older
     // image is void (it would read the new image's maps under the old identity).
     for (const ps_unwind_event& e : batch) {
@@ -614,6 +708,16 @@ void UnwindService::PollLoop() {
       // and reading /proc now would file the new image's maps under the old identity, for the
       // symbolizer and the unwind tables alike. The newest exec is never superseded (strict >).
       if (Superseded(key)) continue;
+      if (e.kind == PS_UNWIND_EVENT_CLAIM) {
+        std::lock_guard<std::mutex> l(claim_mu_);
+        if (claims_.size() >= kMaxQueued) {
+          ++dropped_;
+        } else {
+          claims_.push_back(e);
+          claim_cv_.notify_one();
+        }
+        continue;
+      }
       if (processes_ != nullptr) {
         bool take;
         if (e.kind == PS_UNWIND_EVENT_UNKNOWN_PC) {
@@ -680,7 +784,8 @@ void UnwindService::TableLoop() {
       uint64_t ticks = e.tgid_start_ns / PS_NS_PER_TICK;
       // A known image needs nothing; another image of a known process (an exec whose event was
       // lost or folded into another's) is reloaded.
-      if (e.kind == PS_UNWIND_EVENT_NEW_PROCESS && tables_.KnownImage(e.tgid, ticks, e.exec_id)) {
+      if ((e.kind == PS_UNWIND_EVENT_NEW_PROCESS || e.kind == PS_UNWIND_EVENT_CLAIM) &&
+          tables_.KnownImage(e.tgid, ticks, e.exec_id)) {
         continue;
       }
       if (auto it = retry_after_.find(e.tgid); it != retry_after_.end()) {
@@ -691,7 +796,7 @@ void UnwindService::TableLoop() {
       }
       // After an exec the old image's mappings are wrong: reload whatever the rate.
       const bool load = e.kind == PS_UNWIND_EVENT_EXEC || e.kind == kFollowUpEvent ||
-                        e.kind == PS_UNWIND_EVENT_NEW_PROCESS ||
+                        e.kind == PS_UNWIND_EVENT_NEW_PROCESS || e.kind == PS_UNWIND_EVENT_CLAIM ||
                         tables_.RefreshDue(e.tgid, ticks, now, kRefreshNs);
       if (!load) continue;
       // The snapshot (read when the event arrived) is used if it is this image's; a later

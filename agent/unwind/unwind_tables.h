@@ -11,6 +11,8 @@
 // pcs are unwound with frame pointers) and is counted.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "agent/proc/maps.h"
@@ -47,6 +50,16 @@ class UnwindMaps {
   virtual void WriteMappings(uint32_t first, absl::Span<const ps_unwind_mapping> maps) = 0;
   virtual absl::Status SetProcess(uint32_t tgid, const ps_unwind_proc& proc) = 0;
   virtual void DeleteProcess(uint32_t tgid) = 0;
+  // ps_unwind_files (bpf/abi.h ps_unwind_file): the table of a file by the identity its vmas
+  // show, for the walker's bpf_find_vma lookup of pcs outside a process's list. Errors (a full
+  // map: E2BIG) leave the file to the process lists; the default ignores them (fakes, kernels
+  // without bpf_find_vma).
+  virtual absl::Status SetFile(const ps_unwind_file_key& key, const ps_unwind_file& file) {
+    (void)key;
+    (void)file;
+    return absl::OkStatus();
+  }
+  virtual void DeleteFile(const ps_unwind_file_key& key) { (void)key; }
   // Returns once no BPF program still runs that could have read an entry before it was
   // unlinked (an RCU grace period: BPF programs run under rcu_read_lock). Fakes return at once.
   virtual void Synchronize() {}
@@ -81,6 +94,8 @@ struct UnwindTableStats {
   uint64_t mappings_full = 0;      // processes not (fully) loaded: mapping slots exhausted
   uint64_t process_loads = 0;      // mapping lists written (first load and refreshes)
   uint64_t process_gone = 0;       // processes that exited before or while being loaded
+  uint64_t files = 0;              // file identities entered in ps_unwind_files (gauge)
+  uint64_t files_full = 0;         // identities not entered: ps_unwind_files full
 };
 
 // Not thread-safe by itself; UnwindService serializes access.
@@ -134,7 +149,15 @@ class UnwindTables {
     uint64_t last_used = 0;               // LRU sequence
     std::vector<UnwindTable::Segment> loads;
     std::vector<std::string> identities;  // identity_to_key_ entries pointing here
+    std::vector<ps_unwind_file_key> file_keys;  // ps_unwind_files entries entered for it
   };
+  // Enters the file identities of mapping `m` (as /proc/<pid>/maps shows it, and as fstat
+  // shows the opened file `st`, which differ on overlayfs since Linux 6.8 and on btrfs) for
+  // `table` in ps_unwind_files, newest table first. Tables with other than one executable
+  // PT_LOAD are not entered (one bias per file).
+  void EnterFile(Table* table, const proc::MapEntry& m, const struct stat& st);
+  // Removes `table`'s ps_unwind_files entries that still point at it.
+  void ForgetFiles(Table* table);
   const Table* FindTable(const std::string& key) const;
 
  private:
@@ -166,6 +189,18 @@ class UnwindTables {
   // File identity (dev, inode, size, mtime) -> table key, so a file seen before is not reopened.
   absl::flat_hash_map<std::string, std::string> identity_to_key_;
   absl::flat_hash_map<std::string, uint64_t> failed_identity_;  // identity -> seq of failure
+  // ps_unwind_files entries -> the table each points at (bounded by PS_UNWIND_FILE_ENTRIES).
+  struct FileKeyHash {
+    size_t operator()(const ps_unwind_file_key& k) const {
+      return absl::Hash<std::pair<uint64_t, uint64_t>>()({k.dev, k.ino});
+    }
+  };
+  struct FileKeyEq {
+    bool operator()(const ps_unwind_file_key& a, const ps_unwind_file_key& b) const {
+      return a.dev == b.dev && a.ino == b.ino;
+    }
+  };
+  absl::flat_hash_map<ps_unwind_file_key, Table*, FileKeyHash, FileKeyEq> files_;
   absl::flat_hash_map<uint32_t, Process> processes_;
   struct Quarantined {
     bool rows;
@@ -208,6 +243,12 @@ class UnwindService {
   void PollLoop();
   // Builds tables and loads mapping lists from the queue (can take tens of ms per big file).
   void TableLoop();
+  // Snapshots processes the walker met with an entry read from /proc (PS_UNWIND_EVENT_CLAIM:
+  // they ran before the agent loaded them), then queues them for TableLoop. Its own thread: at
+  // start every running process sends one, and snapshots of big processes (hundreds of
+  // mappings) took tens of ms on a fresh machine, during which PollLoop must go on reading the
+  // exec events of short-lived processes while they live.
+  void ClaimLoop();
 
   struct Work {
     ps_unwind_event event;
@@ -222,7 +263,10 @@ class UnwindService {
   mutable std::mutex mu_;
   UnwindTables tables_;
   std::atomic<bool> stop_{false};
-  std::thread thread_, table_thread_;
+  std::thread thread_, table_thread_, claim_thread_;
+  std::mutex claim_mu_;
+  std::condition_variable claim_cv_;
+  std::deque<ps_unwind_event> claims_;  // at most kMaxQueued, more are dropped (counted)
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
   std::deque<Work> queue_;

@@ -7,6 +7,8 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +17,8 @@
 #include <fstream>
 #include <random>
 
+#include "agent/proc/maps.h"
+#include "agent/proc/read_file.h"
 #include "agent/symbolize/elf_file.h"
 #include "agent/unwind/unwind_tables.h"
 
@@ -341,6 +345,33 @@ class FakeMaps : public UnwindMaps {
     return absl::OkStatus();
   }
   void DeleteProcess(uint32_t tgid) override { procs_.erase(tgid); }
+  absl::Status SetFile(const ps_unwind_file_key& key, const ps_unwind_file& file) override {
+    files_[{key.dev, key.ino}] = file;
+    return absl::OkStatus();
+  }
+  void DeleteFile(const ps_unwind_file_key& key) override { files_.erase({key.dev, key.ino}); }
+
+  // What the find_vma walker would find for `pc` of this process (bpf/unwind.bpf.h
+  // ps_vma_file_table), from its /proc/self/maps line: the row, or nullptr.
+  const ps_unwind_row* LookupByFile(uint64_t pc) const {
+    auto text = proc::ReadFileToString("/proc/self/maps");
+    REQUIRE(text.ok());
+    auto maps = proc::ParseMaps(*text);
+    REQUIRE(maps.ok());
+    for (const proc::MapEntry& m : *maps) {
+      if (pc < m.start || pc >= m.end || !m.executable()) continue;
+      auto it = files_.find({(uint64_t{m.dev_major} << 20) | m.dev_minor, m.inode});
+      if (it == files_.end()) return nullptr;
+      const ps_unwind_file& f = it->second;
+      const uint64_t bias = m.start - m.offset + f.seg_offset - f.seg_vaddr;
+      const ps_unwind_row* best = nullptr;
+      for (uint32_t r = 0; r < f.count; ++r) {
+        if (rows_[f.first + r].pc <= pc - bias) best = &rows_[f.first + r];
+      }
+      return best;
+    }
+    return nullptr;
+  }
 
   // What the BPF walker would find for `pc` of `tgid`: the row, or nullptr.
   const ps_unwind_row* Lookup(uint32_t tgid, uint64_t pc, const ps_unwind_mapping** m_out) const {
@@ -363,6 +394,7 @@ class FakeMaps : public UnwindMaps {
   std::vector<ps_unwind_row> rows_;
   std::vector<ps_unwind_mapping> maps_;
   std::map<uint32_t, ps_unwind_proc> procs_;
+  std::map<std::pair<uint64_t, uint64_t>, ps_unwind_file> files_;  // (dev, ino)
 };
 
 }  // namespace
@@ -392,6 +424,15 @@ TEST_CASE("unwind: a live process's mappings point at tables that describe its c
   REQUIRE(r != nullptr);
   CHECK(r->cfa_rule == PS_CFA_SP);
   CHECK(r->cfa_offset == 8);
+  // The same rows by file identity and vma, as the find_vma walker reaches them: this binary's
+  // and libc's, at the same row as through the process's list.
+  for (uint64_t pc : {reinterpret_cast<uint64_t>(&UnwindTestProbe), reinterpret_cast<uint64_t>(w)}) {
+    const ps_unwind_row* by_list = maps.Lookup(getpid(), pc, &m);
+    const ps_unwind_row* by_file = maps.LookupByFile(pc);
+    REQUIRE(by_file != nullptr);
+    CHECK(by_file == by_list);
+  }
+  CHECK(tables.stats().files == maps.files_.size());
   // The process entry says who it is: start time in ticks as /proc/<pid>/stat has it.
   CHECK(maps.procs_.at(getpid()).tgid_start_ticks > 0);
   // A second load (a refresh) reuses the tables: none built again.
@@ -444,6 +485,12 @@ TEST_CASE("unwind: the row budget is never exceeded, unused tables are evicted L
   CHECK(st.tables_built > built);  // evicted rows were reused for new tables
   CHECK(st.tables_evicted >= 1);  // sleep's own table
   CHECK(st.budget_full > 0);
+  // An evicted table's file entries go with it (its rows are reused): sleep's is gone.
+  struct stat sleep_st {};
+  REQUIRE(stat("/bin/sleep", &sleep_st) == 0);
+  CHECK(small.files_.count({(uint64_t{major(sleep_st.st_dev)} << 20) | minor(sleep_st.st_dev),
+                            sleep_st.st_ino}) == 0);
+  CHECK(st.files == small.files_.size());
 }
 
 }  // namespace parascope::unwind
