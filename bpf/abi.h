@@ -402,10 +402,12 @@ struct ps_unwind_file {
   __u64 seg_offset; /* p_offset of the PF_X PT_LOAD */
   __u64 seg_vaddr;  /* its p_vaddr */
   __u64 seg_filesz; /* its p_filesz */
+  __u64 size;       /* the file's size when its table was built: an inode rewritten in place
+                       or reused by a new file of another size is not taken for it (i_size) */
   __u32 first;      /* rows [first, first + count) of ps_unwind_rows */
   __u32 count;
 };
-PS_STATIC_ASSERT(sizeof(struct ps_unwind_file) == 32, "ps_unwind_file layout");
+PS_STATIC_ASSERT(sizeof(struct ps_unwind_file) == 40, "ps_unwind_file layout");
 #define PS_UNWIND_FILE_ENTRIES 8192 /* files with a table reachable by bpf_find_vma */
 
 /* Ring-buffer event (ps_unwind_events): the walker met a process without an entry, or a pc in

@@ -227,7 +227,9 @@ struct ps_vma_lookup {
  * lock taken by trylock): the table of its file, if the daemon entered one (ps_unwind_files). */
 static long ps_vma_file_table(struct task_struct *task, struct vm_area_struct *vma,
                               struct ps_vma_lookup *out) {
-  if (!(BPF_CORE_READ(vma, vm_flags) & PS_VM_EXEC))
+  unsigned long vm_flags = 0; /* not BPF_CORE_READ: the field is const in a union since 6.3 */
+  bpf_core_read(&vm_flags, sizeof(vm_flags), &vma->vm_flags);
+  if (!(vm_flags & PS_VM_EXEC))
     return 0;
   struct inode *inode = BPF_CORE_READ(vma, vm_file, f_inode);
   if (!inode)
@@ -236,7 +238,7 @@ static long ps_vma_file_table(struct task_struct *task, struct vm_area_struct *v
   key.dev = BPF_CORE_READ(inode, i_sb, s_dev);
   key.ino = BPF_CORE_READ(inode, i_ino);
   struct ps_unwind_file *f = bpf_map_lookup_elem(&ps_unwind_files, &key);
-  if (!f)
+  if (!f || f->size != (__u64)BPF_CORE_READ(inode, i_size))
     return 0;
   __u64 start = BPF_CORE_READ(vma, vm_start), end = BPF_CORE_READ(vma, vm_end);
   __u64 offset = BPF_CORE_READ(vma, vm_pgoff) << PS_PAGE_SHIFT;

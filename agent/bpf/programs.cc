@@ -105,6 +105,12 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   self->sampler_ = find_vma ? skel->progs.ps_on_cpu_sample_vma : skel->progs.ps_on_cpu_sample;
   bpf_program__set_autoload(skel->progs.ps_on_cpu_sample, !find_vma);
   bpf_program__set_autoload(skel->progs.ps_on_cpu_sample_vma, find_vma);
+  if (!find_vma) {
+    // Unread without bpf_find_vma: one entry instead of PS_UNWIND_FILE_ENTRIES preallocated.
+    if (int rc = bpf_map__set_max_entries(skel->maps.ps_unwind_files, 1); rc) {
+      return LibbpfError(rc, "sizing the unwind file map");
+    }
+  }
   Log(LogLevel::kDebug, "bpf_find_vma in perf_event programs (Linux 5.17+): %s",
       find_vma ? "yes, pcs outside known mappings are looked up by their file"
                : "no, such pcs wait for the daemon to read the process's maps");
@@ -303,6 +309,7 @@ class BpfUnwindMaps : public unwind::UnwindMaps {
     }
     return absl::OkStatus();
   }
+  bool has_files() const override { return files_fd_ >= 0; }
   void DeleteFile(const ps_unwind_file_key& key) override {
     if (files_fd_ >= 0) bpf_map_delete_elem(files_fd_, &key);
   }

@@ -2,7 +2,7 @@
 // process identity (tgid, start time, exec id) so that a reused pid or a new program after execve
 // is never confused with the process image BPF saw.
 //
-// Lifecycle: the unwinder's thread calls Snapshot() when BPF first meets a process image (its
+// Lifecycle: the unwinder's threads call Snapshot() when BPF first meets a process image (its
 // first sample or switch-out, or its exec: bpf/abi.h PS_UNWIND_EVENT_*), so the mappings are read
 // and the mapped files held open while the process still runs; the window flush reads the
 // snapshot later, also after the process has exited. Entries are released after the last window
@@ -98,7 +98,8 @@ struct MappingRef {
 };
 
 // Caches ProcessInfo per ProcessKey for the symbolizer and the unwinder. Thread-safe: Snapshot
-// runs on the unwinder's thread, the rest on the window flush. ProcessInfos are immutable and
+// runs on the unwinder's threads (its event poller and its claim thread, concurrently; the
+// pinned-file cap may then be passed by a file or two), the rest on the window flush. ProcessInfos are immutable and
 // shared: a returned pointer stays valid while it is held, whatever the table does meanwhile.
 //
 // Invariants: at most max_processes entries and max_pinned_files distinct open files; every

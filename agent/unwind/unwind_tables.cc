@@ -302,6 +302,7 @@ UnwindTables::Table* UnwindTables::TableFor(uint32_t tgid, const proc::MapEntry&
 }
 
 void UnwindTables::EnterFile(Table* table, const proc::MapEntry& m, const struct stat& st) {
+  if (!maps_->has_files()) return;
   const UnwindTable::Segment* exec = nullptr;
   for (const UnwindTable::Segment& s : table->loads) {
     if (!s.exec) continue;
@@ -315,6 +316,7 @@ void UnwindTables::EnterFile(Table* table, const proc::MapEntry& m, const struct
   value.seg_filesz = exec->filesz;
   value.first = table->first;
   value.count = table->count;
+  value.size = static_cast<uint64_t>(st.st_size);
   // The kernel's dev_t: MKDEV(major, minor) = major << 20 | minor (include/linux/kdev_t.h), as
   // the walker reads i_sb->s_dev; /proc/<pid>/maps prints major:minor of the same.
   auto kdev = [](uint64_t major_, uint64_t minor_) { return (major_ << 20) | minor_; };
@@ -324,6 +326,7 @@ void UnwindTables::EnterFile(Table* table, const proc::MapEntry& m, const struct
     const ps_unwind_file_key& k = keys[i];
     if (i == 1 && k.dev == keys[0].dev && k.ino == keys[0].ino) break;
     auto it = files_.find(k);
+    if (it != files_.end() && it->second == table) continue;  // entered already
     if (it == files_.end() && files_.size() >= PS_UNWIND_FILE_ENTRIES) {
       ++stats_.files_full;
       continue;
@@ -571,6 +574,9 @@ void UnwindService::ClaimLoop() {
       if (stop_) break;
       Work w{e, nullptr};
       const proc::ProcessKey key{e.tgid, e.tgid_start_ns, e.exec_id};
+      // Queued maybe seconds ago: an exec since makes /proc show another image (a snapshot
+      // taken across an exec remains possible, in a window of one maps read).
+      if (Superseded(key)) continue;
       if (processes_ != nullptr && !processes_->HasSnapshot(key)) {
         auto s = processes_->Snapshot(key);
         Log(LogLevel::kDebug, "process %d (exec %d): snapshot after its claim: %s", e.tgid,
@@ -633,6 +639,7 @@ void UnwindService::ScheduleFollowUp(const proc::ProcessInfo& snapshot, uint32_t
 }
 
 bool UnwindService::Superseded(const proc::ProcessKey& key) const {
+  std::lock_guard<std::mutex> l(exec_mu_);
   auto it = latest_exec_.find(key.tgid);
   return it != latest_exec_.end() && it->second.start_boot_ns == key.start_boot_ns &&
          static_cast<int32_t>(it->second.exec_id - key.exec_id) > 0;
@@ -667,10 +674,13 @@ void UnwindService::PollLoop() {
     });
     // The latest image of each process, from the kernel's exec events: a follow-up of an older
     // image is void (it would read the new image's maps under the old identity).
-    for (const ps_unwind_event& e : batch) {
-      if (e.kind != PS_UNWIND_EVENT_EXEC) continue;
-      if (latest_exec_.size() >= 65536) latest_exec_.clear();
-      latest_exec_[e.tgid] = {e.tgid_start_ns, e.exec_id};
+    {
+      std::lock_guard<std::mutex> l(exec_mu_);
+      for (const ps_unwind_event& e : batch) {
+        if (e.kind != PS_UNWIND_EVENT_EXEC) continue;
+        if (latest_exec_.size() >= 65536) latest_exec_.clear();
+        latest_exec_[e.tgid] = {e.tgid_start_ns, e.exec_id};
+      }
     }
     std::vector<Work> work;
     work.reserve(batch.size());
@@ -788,6 +798,9 @@ void UnwindService::TableLoop() {
           tables_.KnownImage(e.tgid, ticks, e.exec_id)) {
         continue;
       }
+      // A claim only adopts an entry read from /proc: one that now holds another image's list
+      // (an exec came between the claim and here) stays, and so does a process forgotten since.
+      if (e.kind == PS_UNWIND_EVENT_CLAIM) continue;
       if (auto it = retry_after_.find(e.tgid); it != retry_after_.end()) {
         if (now < it->second && e.kind != PS_UNWIND_EVENT_EXEC && e.kind != kFollowUpEvent) {
           continue;

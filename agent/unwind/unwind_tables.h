@@ -60,6 +60,8 @@ class UnwindMaps {
     return absl::OkStatus();
   }
   virtual void DeleteFile(const ps_unwind_file_key& key) { (void)key; }
+  // True when the loaded walker reads ps_unwind_files (bpf_find_vma); else no entries are made.
+  virtual bool has_files() const { return false; }
   // Returns once no BPF program still runs that could have read an entry before it was
   // unlinked (an RCU grace period: BPF programs run under rcu_read_lock). Fakes return at once.
   virtual void Synchronize() {}
@@ -295,6 +297,7 @@ class UnwindService {
     uint64_t start_boot_ns;
     uint32_t exec_id;
   };
+  mutable std::mutex exec_mu_;  // latest_exec_: written by PollLoop, read by ClaimLoop too
   absl::flat_hash_map<uint32_t, LatestExec> latest_exec_;
   // True when an exec event newer than `key`'s image has arrived for the same process: /proc
   // shows that newer image now, so nothing read there may be filed under `key`. Exec ids count

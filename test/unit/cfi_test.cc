@@ -350,6 +350,7 @@ class FakeMaps : public UnwindMaps {
     return absl::OkStatus();
   }
   void DeleteFile(const ps_unwind_file_key& key) override { files_.erase({key.dev, key.ino}); }
+  bool has_files() const override { return true; }
 
   // What the find_vma walker would find for `pc` of this process (bpf/unwind.bpf.h
   // ps_vma_file_table), from its /proc/self/maps line: the row, or nullptr.
