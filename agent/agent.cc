@@ -207,6 +207,14 @@ class AgentMetrics {
               {{}, static_cast<double>(bpf_->Counters()[PS_CTR_UNWIND_VMA_FRAMES])}};
         }));
     regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_unwind_vma_cache_full_total",
+        "Execs whose image got no vma cache entry (the map of PS_UNWIND_PROC_ENTRIES was "
+        "full): until the daemon loads its maps, each of its walks finds one unlisted file.",
+        {}, [this] {
+          return std::vector<CallbackSample>{
+              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_UNWIND_VMA_CACHE_FULL])}};
+        }));
+    regs_.push_back(registry->AddCallback(
         MetricType::kCounter, "parascope_window_flip_wait_timeouts_total",
         "Window flips that drained a buffer after waiting 1 s for BPF programs still running "
         "on some CPU (should stay 0).",
@@ -786,7 +794,7 @@ absl::Status RunAgent(const Config& config) {
       "thread_states_max=%d symbolize(frames=%d no_mapping=%d no_elf=%d no_symbol=%d "
       "kernel_no_symbol=%d) processes(vanished=%d) unwind(complete=%d truncated=%d "
       "no_table_yet=%d no_table_for_pc=%d read_fault=%d bad_frame=%d fp_frames=%d vma_frames=%d "
-      "tables=%d table_bytes=%d built=%d evicted=%d budget_full=%d files=%d files_full=%d)",
+      "vma_cache_full=%d tables=%d table_bytes=%d built=%d evicted=%d budget_full=%d files=%d files_full=%d)",
       windows, bpf->flip_wait_timeouts(), c[PS_CTR_SAMPLES], ps.samples, profiles_written, export_errors,
       c[PS_CTR_SWITCHES], c[PS_CTR_SWITCH_CHAIN_BREAKS], c[PS_CTR_SAMPLE_REPAIRS],
       c[PS_CTR_OFFCPU_NOT_CAPTURED], c[PS_CTR_OFFCPU_WEIGHTED], ps.offcpu_ns, ps.sampled_cpu_ns, ps.exact_cpu_ns,
@@ -798,7 +806,8 @@ absl::Status RunAgent(const Config& config) {
       ss.no_elf, ss.no_symbol, ss.kernel_no_symbol, processes.vanished(),
       c[PS_CTR_UNWIND_COMPLETE], c[PS_CTR_UNWIND_TRUNCATED], c[PS_CTR_UNWIND_NO_TABLE_YET],
       c[PS_CTR_UNWIND_NO_TABLE_PC], c[PS_CTR_UNWIND_READ_FAULT], c[PS_CTR_UNWIND_BAD_FRAME],
-      c[PS_CTR_UNWIND_FP_FRAMES], c[PS_CTR_UNWIND_VMA_FRAMES], us.tables, us.table_bytes,
+      c[PS_CTR_UNWIND_FP_FRAMES], c[PS_CTR_UNWIND_VMA_FRAMES],
+      c[PS_CTR_UNWIND_VMA_CACHE_FULL], us.tables, us.table_bytes,
       us.tables_built, us.tables_evicted, us.budget_full, us.files, us.files_full);
   if (debuginfod != nullptr) {
     symbolize::DebuginfodStats d = debuginfod->stats();

@@ -271,7 +271,9 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
                                           counted from its next switch-in */
 #define PS_CTR_UNWIND_VMA_FRAMES 27     /* frames unwound through a file found by bpf_find_vma
                                           (a mapping the process's list lacks yet) */
-#define PS_CTR_NUM 28
+#define PS_CTR_UNWIND_VMA_CACHE_FULL 28 /* an exec found ps_vma_cache full: that image's walks
+                                          look up one unlisted file each */
+#define PS_CTR_NUM 29
 
 /* Default capacities; the daemon sizes ps_stacks<N> and ps_oncpu<N> before load from the CPU count,
  * frequency and window, ps_sched_stacks<N> by whether off-CPU stacks are taken, and ps_threads

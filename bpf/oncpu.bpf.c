@@ -36,6 +36,14 @@ struct ps_oncpu_map ps_oncpu1 SEC(".maps");
 
 /* The sampler's own stacks (sched_switch has ps_sched_stacks<N>: common.bpf.h, "Maps written from
  * NMI context"). */
+/* The exec hook's scratch for a new ps_vma_cache entry (beyond the 512-byte BPF stack). */
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct ps_vma_cache);
+} ps_vma_cache_scratch SEC(".maps");
+
 struct ps_stack_map ps_stacks0 SEC(".maps");
 struct ps_stack_map ps_stacks1 SEC(".maps");
 
@@ -168,7 +176,7 @@ int ps_on_cpu_sample_vma(struct bpf_perf_event_data *ctx) {
  * old image's mappings) is dropped here and the daemon asked to load the new one at once: the
  * new executable and ld.so have tables before the process runs; libraries ld.so maps next are
  * requested at their first pc. Runs in the exec'ing task (include/trace/events/sched.h). */
-static __always_inline int ps_on_exec(void) {
+static __always_inline int ps_on_exec(const int use_vma) {
   __u64 pid_tgid = bpf_get_current_pid_tgid();
   __u32 tgid = pid_tgid >> 32;
   struct task_struct *task = (struct task_struct *)bpf_get_current_task();
@@ -179,16 +187,61 @@ static __always_inline int ps_on_exec(void) {
   struct ps_cpu_state *cs = bpf_map_lookup_elem(&ps_cpu_state, &zero);
   if (cs && cs->tid == (__u32)pid_tgid)
     cs->exec_id = ps_exec_id(task);
-  if (ps_tgid_tracked(tgid))
-    ps_unwind_notify(tgid, BPF_CORE_READ(task, group_leader, start_boottime), ps_exec_id(task),
-                     PS_UNWIND_EVENT_EXEC);
+  if (!ps_tgid_tracked(tgid))
+    return 0;
+  __u64 start_ns = BPF_CORE_READ(task, group_leader, start_boottime);
+  __u32 exec_id = ps_exec_id(task);
+  ps_unwind_notify(tgid, start_ns, exec_id, PS_UNWIND_EVENT_EXEC);
+  if (use_vma) {
+    /* A new vma cache entry for the new image, holding the executable's text if the daemon has
+     * its table (a program run before): the image's first walks, before the daemon has read its
+     * maps, then reach libc through their one bpf_find_vma. mm->start_code is the lowest
+     * address of the executable's PF_X segments (fs/binfmt_elf.c load_elf_binary). Here, unlike
+     * in a sample, interrupts are on and the helper takes and drops the mmap lock itself. */
+    struct ps_vma_cache *c = bpf_map_lookup_elem(&ps_vma_cache_scratch, &zero);
+    if (!c)
+      return 0;
+    __builtin_memset(c, 0, sizeof(*c));
+    c->tgid_start_ns = start_ns;
+    c->exec_id = exec_id;
+    struct ps_vma_lookup v = {};
+    struct task_struct *btf_task = bpf_get_current_task_btf(); /* bpf_find_vma wants BTF's */
+    __u64 start_code = BPF_CORE_READ(btf_task, mm, start_code);
+    if (start_code && bpf_find_vma(btf_task, start_code, ps_vma_file_table, &v, 0) == 0 &&
+        v.found)
+      ps_vma_cache_put(c, &v);
+    long err = bpf_map_update_elem(&ps_vma_cache, &tgid, c, BPF_ANY);
+    if (err)
+      ps_count_insert_error(err, PS_CTR_UNWIND_VMA_CACHE_FULL);
+  }
   return 0;
 }
 
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(ps_process_exec) {
   ps_enter();
-  int rc = ps_on_exec();
+  int rc = ps_on_exec(0);
   ps_leave();
   return rc;
+}
+
+/* The exec hook for Linux 5.17+ (with ps_on_cpu_sample_vma): also makes the image's vma cache
+ * entry. One of the two is loaded (agent/bpf/programs.cc). */
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(ps_process_exec_vma) {
+  ps_enter();
+  int rc = ps_on_exec(1);
+  ps_leave();
+  return rc;
+}
+
+/* Process exit (with ps_on_cpu_sample_vma): the process's vma cache entry goes with its last
+ * thread (signal->live reaches 0 in do_exit before this tracepoint, kernel/exit.c). */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(ps_process_exit_vma, struct task_struct *task) {
+  if (BPF_CORE_READ(task, signal, live.counter) == 0) {
+    __u32 tgid = BPF_CORE_READ(task, tgid);
+    bpf_map_delete_elem(&ps_vma_cache, &tgid);
+  }
+  return 0;
 }

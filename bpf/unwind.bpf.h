@@ -68,6 +68,36 @@ struct {
   __type(value, struct ps_unwind_file);
 } ps_unwind_files SEC(".maps");
 
+/* Per process: the vmas its walks found tables for through bpf_find_vma (and the executable's
+ * text, found by the exec hook), so that a later walk needs no lookup for them. A sample may
+ * call bpf_find_vma once (see ps_unwind_state.vma_tried): without this cache, a walk through
+ * two files the process's list lacks (the program and libc in a process's first milliseconds)
+ * stops at the second. Eight slots (ps_vma_cache_put); a slot is written without a lock by
+ * the sampler of any CPU, so it carries a check word over its fields, and a torn slot is a miss.
+ * Entries are made only by the exec hook (tracepoint context: the sampler inserts into no hash,
+ * common.bpf.h "Maps written from NMI context"), replaced at the next exec and deleted at
+ * process exit (oncpu.bpf.c). Not preallocated: an element replaced or deleted is freed after
+ * an RCU grace period, never reused under a reader. */
+#define PS_VMA_CACHE_SLOTS 8
+struct ps_vma_cache_slot {
+  __u64 start, end, bias;
+  __u32 first, count;
+  __u64 check; /* ps_vma_slot_check() of the fields above; 0: empty */
+};
+struct ps_vma_cache {
+  __u64 tgid_start_ns; /* identity: the entry is this image's */
+  __u32 exec_id;
+  __u32 pad;
+  struct ps_vma_cache_slot slots[PS_VMA_CACHE_SLOTS];
+};
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, PS_UNWIND_PROC_ENTRIES); /* 1 without bpf_find_vma (agent/bpf/programs.cc) */
+  __uint(map_flags, BPF_F_NO_PREALLOC);
+  __type(key, __u32); /* tgid */
+  __type(value, struct ps_vma_cache);
+} ps_vma_cache SEC(".maps");
+
 struct {
   __uint(type, BPF_MAP_TYPE_RINGBUF);
   __uint(max_entries, 64 * 1024);
@@ -254,6 +284,65 @@ static long ps_vma_file_table(struct task_struct *task, struct vm_area_struct *v
   return 0;
 }
 
+static __always_inline __u32 ps_vma_slot_index(__u64 start) {
+  return (__u32)((start >> 12) ^ (start >> 21)) & (PS_VMA_CACHE_SLOTS - 1);
+}
+
+static __always_inline __u64 ps_vma_slot_check(__u64 start, __u64 end, __u64 bias, __u32 first,
+                                               __u32 count) {
+  __u64 h = (start * 0x9e3779b97f4a7c15ULL) ^ (end * 0xc2b2ae3d27d4eb4fULL) ^ bias ^
+            (((__u64)first << 32) | count);
+  return h ? h : 1;
+}
+
+/* Records a found vma in the process's cache entry `c`: in the first free slot (or the one
+ * that holds this vma already), else in the slot its start hashes to. */
+static __always_inline void ps_vma_cache_put(struct ps_vma_cache *c,
+                                             const struct ps_vma_lookup *v) {
+  __u32 j = ps_vma_slot_index(v->start);
+  for (__u32 k = 0; k < PS_VMA_CACHE_SLOTS; k++) {
+    if (c->slots[k].check == 0 || c->slots[k].start == v->start) {
+      j = k;
+      break;
+    }
+  }
+  j &= PS_VMA_CACHE_SLOTS - 1;
+  struct ps_vma_cache_slot *sl = &c->slots[j];
+  sl->check = 0;
+  ps_barrier();
+  sl->start = v->start;
+  sl->end = v->end;
+  sl->bias = v->bias;
+  sl->first = v->first;
+  sl->count = v->count;
+  ps_barrier();
+  sl->check = ps_vma_slot_check(v->start, v->end, v->bias, v->first, v->count);
+}
+
+/* The cached vma holding `pc` in `c`, into *out; 1 when found. */
+static __always_inline int ps_vma_cache_get(const struct ps_vma_cache *c, __u64 pc,
+                                            struct ps_vma_lookup *out) {
+  for (__u32 j = 0; j < PS_VMA_CACHE_SLOTS; j++) {
+    const struct ps_vma_cache_slot *sl = &c->slots[j];
+    __u64 check = sl->check;
+    if (!check)
+      continue;
+    ps_barrier();
+    __u64 start = sl->start, end = sl->end, bias = sl->bias;
+    __u32 first = sl->first, count = sl->count;
+    if (pc < start || pc >= end || ps_vma_slot_check(start, end, bias, first, count) != check)
+      continue;
+    out->start = start;
+    out->end = end;
+    out->bias = bias;
+    out->first = first;
+    out->count = count;
+    out->found = 1;
+    return 1;
+  }
+  return 0;
+}
+
 /* One walk in progress, per CPU and per object (each object's programs have their own copy: a
  * sample may interrupt sched_switch on its CPU only with a hardware PMU NMI, and then runs the
  * other object's walker). */
@@ -268,7 +357,8 @@ struct ps_unwind_state {
   /* The vma bpf_find_vma found in this walk, reused for the walk's other pcs in it: with
    * interrupts off (a sample) the helper defers its mmap unlock to an irq_work and refuses a
    * second call until that ran (-EBUSY; kernel/bpf/mmap_unlock_work.h), so one lookup per
-   * walk is all there is. */
+   * walk is all there is; the vmas found go to the process's ps_vma_cache entry for its next
+   * walks. */
   __u32 vma_tried;
   struct ps_vma_lookup vma;
   struct ps_unwind_proc proc;
@@ -336,17 +426,27 @@ static __always_inline int ps_unwind_frame_body(__u32 i, const int use_vma) {
   }
   if (use_vma && !listed) {
     /* Not in the process's list (or no list yet): the table of the file its vma maps, which the
-     * daemon usually has (libc, a program run before). -EBUSY when the mmap lock is held. */
-    if (!w->vma_tried || (w->vma.found && (lookup < w->vma.start || lookup >= w->vma.end))) {
-      /* The first pc outside the list in this walk; or another vma than the one found (the
-       * call may then be refused, see vma_tried). */
-      struct ps_vma_lookup v = {};
-      long rc = bpf_find_vma(bpf_get_current_task_btf(), lookup, ps_vma_file_table, &v, 0);
-      w->vma_tried = 1;
-      if (rc == 0 && v.found)
-        w->vma = v;
-    }
+     * daemon usually has (libc, a program run before): the vma this walk found, else one the
+     * process's earlier walks or its exec found (ps_vma_cache), else bpf_find_vma once per walk
+     * (-EBUSY when the mmap lock is held). */
     struct ps_vma_lookup v = w->vma;
+    if (!v.found || lookup < v.start || lookup >= v.end) {
+      v.found = 0;
+      struct ps_vma_cache *c = bpf_map_lookup_elem(&ps_vma_cache, &w->tgid);
+      if (c && (c->tgid_start_ns != w->tgid_start_ns || c->exec_id != w->exec_id))
+        c = 0;
+      if (!(c && ps_vma_cache_get(c, lookup, &v)) && !w->vma_tried) {
+        struct ps_vma_lookup found = {};
+        long rc = bpf_find_vma(bpf_get_current_task_btf(), lookup, ps_vma_file_table, &found, 0);
+        w->vma_tried = 1;
+        if (rc == 0 && found.found) {
+          w->vma = found;
+          v = found;
+          if (c)
+            ps_vma_cache_put(c, &found);
+        }
+      }
+    }
     if (v.found && lookup >= v.start && lookup < v.end) {
       int ri = ps_find_row_index(v.first, v.count, lookup - v.bias);
       __u32 key = ri < 0 ? 0 : (__u32)ri;

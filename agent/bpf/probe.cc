@@ -35,8 +35,8 @@ bool HasEffectiveCapability(int cap) {
 // the releases). Helpers were read off the call instructions of the compiled oncpu.bpf.o and
 // sched.bpf.o (llvm-objdump -d); bpf_get_current_task_btf and bpf_task_pt_regs are left out:
 // they are called only where bpf_core_enum_value_exists() finds them (bpf/unwind.bpf.h), which
-// the verifier's dead-code pass removes elsewhere; bpf_find_vma only in ps_on_cpu_sample_vma,
-// loaded only where it is probed (agent/bpf/programs.cc).
+// the verifier's dead-code pass removes elsewhere; bpf_find_vma only in ps_on_cpu_sample_vma
+// and ps_process_exec_vma, loaded only where it is probed (agent/bpf/programs.cc).
 struct ProgTypeNeed {
   bpf_prog_type type;
   const char* what;

@@ -105,10 +105,17 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   self->sampler_ = find_vma ? skel->progs.ps_on_cpu_sample_vma : skel->progs.ps_on_cpu_sample;
   bpf_program__set_autoload(skel->progs.ps_on_cpu_sample, !find_vma);
   bpf_program__set_autoload(skel->progs.ps_on_cpu_sample_vma, find_vma);
+  // The exec hook that also makes a process's vma cache entry, and the exit hook that deletes it.
+  bpf_program__set_autoload(skel->progs.ps_process_exec, !find_vma);
+  bpf_program__set_autoload(skel->progs.ps_process_exec_vma, find_vma);
+  bpf_program__set_autoload(skel->progs.ps_process_exit_vma, find_vma);
   if (!find_vma) {
     // Unread without bpf_find_vma: one entry instead of PS_UNWIND_FILE_ENTRIES preallocated.
     if (int rc = bpf_map__set_max_entries(skel->maps.ps_unwind_files, 1); rc) {
       return LibbpfError(rc, "sizing the unwind file map");
+    }
+    if (int rc = bpf_map__set_max_entries(skel->maps.ps_vma_cache, 1); rc) {
+      return LibbpfError(rc, "sizing the vma cache map");
     }
   }
   Log(LogLevel::kDebug, "bpf_find_vma in perf_event programs (Linux 5.17+): %s",
@@ -151,8 +158,9 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
       self->links_.push_back(link);
     }
   }
-  {
-    bpf_program* p = skel->progs.ps_process_exec;
+  for (bpf_program* p : {skel->progs.ps_process_exec, skel->progs.ps_process_exec_vma,
+                         skel->progs.ps_process_exit_vma}) {
+    if (!bpf_program__autoload(p)) continue;  // the variant not chosen
     bpf_link* link = bpf_program__attach(p);
     if (link == nullptr) {
       return LibbpfError(-errno, absl::StrCat("attaching ", bpf_program__name(p)));
@@ -190,6 +198,7 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
                    Shared{sched_->maps.ps_unwind_maps, oncpu_->maps.ps_unwind_maps},
                    Shared{sched_->maps.ps_unwind_rows, oncpu_->maps.ps_unwind_rows},
                    Shared{sched_->maps.ps_unwind_files, oncpu_->maps.ps_unwind_files},
+                   Shared{sched_->maps.ps_vma_cache, oncpu_->maps.ps_vma_cache},
                    Shared{sched_->maps.ps_unwind_events, oncpu_->maps.ps_unwind_events},
                    Shared{sched_->maps.ps_unwind_notify_state,
                           oncpu_->maps.ps_unwind_notify_state}}) {

@@ -589,6 +589,7 @@ void UnwindService::ClaimLoop() {
         ++dropped_;
         continue;
       }
+      w.queued_ns = MonotonicNowNs();
       queue_.push_back(std::move(w));
       queue_cv_.notify_one();
     }
@@ -755,11 +756,13 @@ void UnwindService::PollLoop() {
     }
     {
       std::lock_guard<std::mutex> l(queue_mu_);
+      const int64_t queued = MonotonicNowNs();
       for (Work& w : work) {
         if (queue_.size() >= kMaxQueued) {
           ++dropped_;
           continue;
         }
+        w.queued_ns = queued;
         queue_.push_back(std::move(w));
       }
     }
@@ -787,8 +790,10 @@ void UnwindService::TableLoop() {
                          [this] { return stop_ || !queue_.empty(); });
       batch.swap(queue_);
     }
+    const int64_t wait_start = MonotonicNowNs();
     std::lock_guard<std::mutex> l(mu_);
     const int64_t now = MonotonicNowNs();
+    int loads = 0;
     for (const Work& w : batch) {
       const ps_unwind_event& e = w.event;
       uint64_t ticks = e.tgid_start_ns / PS_NS_PER_TICK;
@@ -815,14 +820,26 @@ void UnwindService::TableLoop() {
       // The snapshot (read when the event arrived) is used if it is this image's; a later
       // event's maps are read here.
       absl::Status s = tables_.LoadProcess(e.tgid, ticks, e.exec_id, w.snapshot.get());
+      ++loads;
+      if (const int64_t late = MonotonicNowNs() - w.queued_ns; late > 5000000) {
+        Log(LogLevel::kDebug, "process %d (exec %d): table of event %d loaded %.1f ms after queued",
+            e.tgid, e.exec_id, e.kind, late / 1e6);
+      }
       if (!s.ok()) {
         if (retry_after_.size() >= 65536) retry_after_.clear();
         retry_after_[e.tgid] = now + kRefreshNs * 2;  // a failed load is retried after 0.4 s
       }
     }
+    const size_t handled = batch.size();
     batch.clear();
+    const int64_t loaded = MonotonicNowNs();
     tables_.ReleaseQuarantine(now);
     if (processes_ != nullptr) processes_->PollPerfMaps(now);
+    if (const int64_t end = MonotonicNowNs(); end - wait_start > 5000000) {
+      Log(LogLevel::kDebug,
+          "unwind: table batch of %d (%d loads): lock %.1f ms, loads %.1f ms, housekeeping %.1f ms",
+          handled, loads, (now - wait_start) / 1e6, (loaded - now) / 1e6, (end - loaded) / 1e6);
+    }
     if (now - last_sweep >= kSweepNs) {
       tables_.SweepExited();
       tables_.RetryIncomplete(now, kSweepNs);

@@ -255,6 +255,7 @@ class UnwindService {
   struct Work {
     ps_unwind_event event;
     std::shared_ptr<const proc::ProcessInfo> snapshot;  // null: none taken
+    int64_t queued_ns = 0;  // CLOCK_MONOTONIC when queued for TableLoop (debug timing)
   };
   static constexpr size_t kMaxQueued = 8192;
 

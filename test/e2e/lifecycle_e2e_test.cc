@@ -462,11 +462,14 @@ TEST_CASE("lifecycle e2e: short-lived processes are symbolized", "[root][e2e]") 
   CHECK(Ratio(burn_mapped, burn) >= 0.99);
   // Whole stacks: a child's first samples come before the daemon has loaded its mapping list
   // (the exec hook deletes the old one) or libc's place in it; the walker then finds the
-  // tables through the pcs' vmas (bpf_find_vma, Linux 5.17+). Measured with it 0.999 here and
-  // 0.984 on a fresh machine (one lookup per sample: a walk through a second unlisted file
-  // stops there), 0.95-0.96 without it (those stacks stop in libc, "[incomplete: ...]").
+  // tables through the pcs' vmas (bpf_find_vma, Linux 5.17+). One lookup per sample, so the
+  // program's text is found at exec and each vma found is kept per process (ps_vma_cache):
+  // without that cache 0.999 here alone but 0.88-0.965 in 3 of 32 runs right after the python3
+  // test, and 0.984 on a fresh machine (a walk through a second unlisted file stopped there);
+  // with it 0.989-1.0 in 17 runs, 0.999-1.0 once a vma gets a free slot first (measured).
+  // 0.95-0.96 without bpf_find_vma (stacks stop in libc).
   if (libbpf_probe_bpf_helper(BPF_PROG_TYPE_PERF_EVENT, BPF_FUNC_find_vma, nullptr) == 1) {
-    CHECK(Ratio(burn_to_start, burn) >= 0.97);
+    CHECK(Ratio(burn_to_start, burn) >= 0.98);
   }
 }
 
