@@ -42,8 +42,8 @@ namespace {
 
 enum class Wake { kDeadline, kSignal, kTargetsExited };
 
-// Waits until the monotonic deadline, a blocked SIGINT/SIGTERM (read from `signal_fd`, a
-// signalfd(2) for both), or the exit of the last --pid target (its pidfd becomes readable).
+// Waits until the monotonic deadline, a stop signal (HandledSignals(), read from `signal_fd`, a
+// signalfd(2); SIGHUP is logged and waited past), or the exit of the last --pid target (its pidfd becomes readable).
 // Exited targets are removed from the BPF pid filter as they are seen.
 Wake WaitForWake(int64_t deadline_ns, int signal_fd, proc::TargetProcesses* targets,
                  BpfPrograms* bpf) {
@@ -68,6 +68,12 @@ Wake WaitForWake(int64_t deadline_ns, int signal_fd, proc::TargetProcesses* targ
     if (fds[0].revents & POLLIN) {
       signalfd_siginfo si{};
       if (read(signal_fd, &si, sizeof(si)) == sizeof(si)) {
+        if (si.ssi_signo == SIGHUP) {
+          Log(LogLevel::kInfo,
+              "received SIGHUP: ignored (the configuration is read only at start; restart the "
+              "agent to apply a changed --config)");
+          continue;
+        }
         Log(LogLevel::kInfo, "received %s: flushing the current window",
             strsignal(static_cast<int>(si.ssi_signo)));
         return Wake::kSignal;
@@ -493,18 +499,22 @@ std::vector<server::CallbackRegistration> RegisterDebuginfodMetrics(
   return regs;
 }
 
+sigset_t HandledSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGINT, SIGTERM, SIGQUIT, SIGUSR1, SIGUSR2, SIGHUP}) sigaddset(&set, sig);
+  return set;
+}
+
 absl::Status RunAgent(const Config& config) {
   InstallLibbpfLogger();
   PS_RETURN_IF_ERROR(ProbeBpfEnvironment());
   // The --pid targets' identities, fixed now: a pid that does not exist is an error, and a
   // process that later gets a target's pid is never profiled.
   PS_ASSIGN_OR_RETURN(proc::TargetProcesses targets, proc::TargetProcesses::Pin(config.pids));
-  // SIGINT/SIGTERM are blocked in every thread (main.cc); the window loop reads them here.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  const int signal_fd = signalfd(-1, &stop_signals, SFD_CLOEXEC);
+  // HandledSignals() are blocked in every thread (main.cc); the window loop reads them here.
+  const sigset_t handled = HandledSignals();
+  const int signal_fd = signalfd(-1, &handled, SFD_CLOEXEC);
   if (signal_fd < 0) return ErrnoStatus(errno, "signalfd");
   struct CloseFd {
     int fd;

@@ -2,6 +2,8 @@
 // together and runs the window loop.
 #pragma once
 
+#include <signal.h>
+
 #include "absl/status/status.h"
 #include "agent/config/config.h"
 
@@ -13,5 +15,12 @@ namespace parascope {
 // Errors: a missing privilege or kernel feature (PermissionDenied, FailedPrecondition) or a
 // failure to load/attach, with a message saying what to grant or enable.
 absl::Status RunAgent(const Config& config);
+
+// The signals the agent handles itself; main() blocks them in every thread before any thread
+// exists, and RunAgent reads them from a signalfd(2) between windows. SIGINT, SIGTERM, SIGQUIT,
+// SIGUSR1 and SIGUSR2 (whose default action would kill the agent and lose the current window,
+// signal(7)) flush the current window and stop; SIGHUP is logged and ignored: the configuration
+// is read once at start.
+sigset_t HandledSignals();
 
 }  // namespace parascope

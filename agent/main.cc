@@ -4,15 +4,23 @@
 
 #include <cstdio>
 #include <iostream>
+#include <optional>
 
 #include "absl/flags/flag.h"
 #include "absl/time/time.h"
 #include "agent/agent.h"
 #include "agent/config/config.h"
+#include "agent/config/config_file.h"
 #include "agent/config/flags.h"
 #include "agent/export/labels.h"
 #include "agent/util/log.h"
 
+ABSL_FLAG(std::string, config, "",
+          "YAML file of flag values, keys named like the flags (deploy/config.example.yaml); "
+          "flags given on the command line win");
+ABSL_FLAG(std::string, log_format, "text",
+          "text (\"<time> <level letter> <message>\") or json (one object a line: ts, level, "
+          "msg)");
 ABSL_FLAG(int32_t, sampling_frequency, 19, "on-CPU samples per second per CPU (Hz)");
 ABSL_FLAG(absl::Duration, collect_interval, absl::Seconds(15),
           "window length: one profile per process per window");
@@ -86,13 +94,18 @@ int UsageError(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Block the stop signals before any thread exists; the agent waits for them with sigtimedwait.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  sigprocmask(SIG_BLOCK, &stop_signals, nullptr);
+  // Block the handled signals before any thread exists; the agent reads them from a signalfd.
+  const sigset_t handled = parascope::HandledSignals();
+  sigprocmask(SIG_BLOCK, &handled, nullptr);
+  // A push connection closed by the server must be an error, not a kill (signal(7)).
+  signal(SIGPIPE, SIG_IGN);
 
+  // The config file first, so that the command line's flags override it.
+  if (std::optional<std::string> file = parascope::FindConfigFlag(argc, argv); file) {
+    if (absl::Status s = parascope::ApplyConfigFile(*file, "agent/main.cc", nullptr); !s.ok()) {
+      return UsageError(std::string(s.message()));
+    }
+  }
   std::vector<std::string> positional;
   bool help = false;
   if (absl::Status s = parascope::ParseFlags(argc, argv, &positional, &help); !s.ok()) {
@@ -117,6 +130,10 @@ int main(int argc, char** argv) {
   config.off_cpu_min_duration = absl::GetFlag(FLAGS_off_cpu_min_duration);
   config.off_cpu_stack_rate = absl::GetFlag(FLAGS_off_cpu_stack_rate);
   config.output_dir = absl::GetFlag(FLAGS_output_dir);
+  const std::string log_format = absl::GetFlag(FLAGS_log_format);
+  if (log_format != "text" && log_format != "json") {
+    return UsageError("--log-format: expected text or json, got '" + log_format + "'");
+  }
   if (!parascope::ParseLogLevel(absl::GetFlag(FLAGS_log_level), &config.log_level)) {
     return UsageError("--log-level: expected debug, info, warning or error, got '" +
                       absl::GetFlag(FLAGS_log_level) + "'");
@@ -164,6 +181,8 @@ int main(int argc, char** argv) {
   if (absl::Status s = config.Validate(); !s.ok()) return UsageError(std::string(s.message()));
 
   parascope::SetLogLevel(config.log_level);
+  parascope::SetLogFormat(log_format == "json" ? parascope::LogFormat::kJson
+                                               : parascope::LogFormat::kText);
   if (absl::Status s = parascope::RunAgent(config); !s.ok()) {
     parascope::Log(parascope::LogLevel::kError, "%s", std::string(s.message()));
     return 1;

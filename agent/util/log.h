@@ -21,6 +21,11 @@ enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
 // Parses "debug", "info", "warning"/"warn", "error". False on anything else.
 bool ParseLogLevel(absl::string_view text, LogLevel* out);
 void SetLogLevel(LogLevel level);
+// kText: `<RFC 3339 UTC time, ms> <D|I|W|E> <message>`. kJson (--log-format=json): one JSON
+// object a line, {"ts":"2026-12-02T01:02:03.456Z","level":"info","msg":"..."}, invalid UTF-8 in
+// a message (a process's name, a path) replaced by U+FFFD (nlohmann-json's dump).
+enum class LogFormat { kText, kJson };
+void SetLogFormat(LogFormat format);
 bool LogEnabled(LogLevel level);
 // Writes one line (thread-safe, a single write(2)).
 void LogLine(LogLevel level, absl::string_view message);

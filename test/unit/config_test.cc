@@ -1,10 +1,13 @@
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "agent/bpf/perf_event.h"
 #include "agent/collect/window_clock.h"
 #include "agent/config/config.h"
+#include "agent/config/config_file.h"
 #include "agent/config/flags.h"
 
 ABSL_FLAG(int32_t, ps_test_frequency, 19, "test flag");
@@ -137,6 +140,84 @@ TEST_CASE("WindowSchedule keeps a drift-free grid and cuts the last window", "[c
   slow.Advance(3500);  // fell behind by more than a window: skip passed boundaries
   CHECK(slow.boundary_ns() == 4000);
   CHECK(!slow.final());
+}
+
+}  // namespace parascope
+
+namespace parascope {
+namespace {
+
+// A YAML file in a fresh temporary directory.
+std::string WriteYaml(const std::string& text) {
+  char dir[] = "/tmp/ps_config_test_XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  std::string path = std::string(dir) + "/agent.yaml";
+  FILE* f = fopen(path.c_str(), "w");
+  REQUIRE(f != nullptr);
+  fputs(text.c_str(), f);
+  fclose(f);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("ApplyConfigFile sets flags by name, lists from sequences, and flags win after it",
+          "[config]") {
+  std::string path = WriteYaml(
+      "# comment\nps-test-frequency: 97\nps_test_interval: 3s\nps-test-switch: true\n"
+      "ps-test-list: [a=1, b=2]\n");
+  std::vector<std::string> keys;
+  REQUIRE(ApplyConfigFile(path, "test/unit/config_test.cc", &keys).ok());
+  CHECK(keys == std::vector<std::string>{"ps_test_frequency", "ps_test_interval",
+                                         "ps_test_switch", "ps_test_list"});
+  CHECK(absl::GetFlag(FLAGS_ps_test_frequency) == 97);
+  CHECK(absl::GetFlag(FLAGS_ps_test_interval) == absl::Seconds(3));
+  CHECK(absl::GetFlag(FLAGS_ps_test_switch));
+  CHECK(absl::GetFlag(FLAGS_ps_test_list) == std::vector<std::string>{"a=1", "b=2"});
+  // The command line, parsed after the file, replaces its values (a list too, not appended).
+  REQUIRE(Parse({"--ps-test-frequency=5", "--ps-test-list=c=3"}).ok());
+  CHECK(absl::GetFlag(FLAGS_ps_test_frequency) == 5);
+  CHECK(absl::GetFlag(FLAGS_ps_test_list) == std::vector<std::string>{"c=3"});
+  CHECK(absl::GetFlag(FLAGS_ps_test_interval) == absl::Seconds(3));
+  REQUIRE(ApplyConfigFile(WriteYaml(""), "test/unit/config_test.cc", nullptr).ok());
+}
+
+TEST_CASE("ApplyConfigFile errors name the file, the line and the key", "[config]") {
+  struct Case {
+    std::string yaml, expect;
+  } cases[] = {
+      {"ps-test-frequency: 1\nps-test-nope: 2\n", ":2: ps-test-nope: unknown key"},
+      {"ps-test-frequency: fast\n", ":1: ps-test-frequency: Illegal value 'fast'"},
+      {"ps-test-frequency: 1\nps-test-frequency: 2\n", ":2: ps-test-frequency: given twice"},
+      {"ps-test-frequency:\n", ":1: ps-test-frequency: no value"},
+      {"ps-test-frequency: {a: 1}\n", ":1: ps-test-frequency: expected a value, not a mapping"},
+      {"ps-test-frequency: [1, 2]\n", ":1: ps-test-frequency: expected a single value"},
+      {"ps-test-list: [\"a,b\"]\n", ":1: ps-test-list: a list item cannot contain a comma"},
+      {"config: other.yaml\n", ":1: config: not allowed in a config file"},
+      {"- a\n- b\n", ": expected a mapping of flag names"},
+      {"a: [\n", ":2:1: not YAML"},
+      // A flag that exists but is not the agent's (Abseil's own --flagfile).
+      {"flagfile: x\n", ":1: flagfile: unknown key"},
+  };
+  for (const Case& c : cases) {
+    std::string path = WriteYaml(c.yaml);
+    absl::Status s = ApplyConfigFile(path, "test/unit/config_test.cc", nullptr);
+    INFO(c.yaml << " -> " << s);
+    CHECK(absl::IsInvalidArgument(s));
+    CHECK(absl::StartsWith(s.message(), path));
+    CHECK(absl::StrContains(s.message(), c.expect));
+  }
+  absl::Status missing = ApplyConfigFile("/nonexistent/agent.yaml", "x", nullptr);
+  CHECK(absl::StrContains(missing.message(), "/nonexistent/agent.yaml: cannot read"));
+}
+
+TEST_CASE("FindConfigFlag finds --config in both spellings, the last one winning", "[config]") {
+  std::vector<std::string> args = {"parascope", "--config", "/a.yaml", "--x=1",
+                                   "--config=/b.yaml", "--", "--config=/c.yaml"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  CHECK(FindConfigFlag(argv.size(), argv.data()) == "/b.yaml");
+  CHECK(!FindConfigFlag(1, argv.data()).has_value());
 }
 
 }  // namespace parascope

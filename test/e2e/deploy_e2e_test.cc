@@ -1,0 +1,210 @@
+// End-to-end tests of how operators run the agent (issue: deployment, acceptance 5): --config
+// files, --log-format=json, and the signals a service manager or an operator sends.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "test/e2e/e2e_util.h"
+
+namespace parascope::testing {
+namespace {
+
+std::string WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+  return path;
+}
+
+// The window start (unix ms) in a profile file's name, <type>-<t0>.pb.gz.
+int64_t WindowOf(const std::string& path) {
+  std::string name = path.substr(path.rfind('-') + 1);
+  int64_t t0 = 0;
+  REQUIRE(absl::SimpleAtoi(name.substr(0, name.find('.')), &t0));
+  return t0;
+}
+
+// Distinct window starts of the process_cpu profiles of `pid` under `dir`.
+std::set<int64_t> Windows(const std::string& dir, int pid) {
+  std::set<int64_t> w;
+  for (const std::string& f : ProfileFiles(dir, pid, "process_cpu-")) w.insert(WindowOf(f));
+  return w;
+}
+
+// Polls (every 20 ms, up to timeout_s) until `pred` holds.
+template <typename F>
+bool WaitUntil(F pred, int timeout_s) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pred();
+}
+
+// A CPU-bound workload that runs until its stdin closes.
+struct Spinner {
+  Child child{{std::string(PS_WORKLOAD_DIR) + "/cpu_ratio", "60"}};
+  int pid = 0;
+  Spinner() {
+    std::string line;
+    REQUIRE(child.ReadStdoutLine(&line));
+    REQUIRE(absl::StartsWith(line, "ready "));
+    pid = std::stoi(line.substr(6));
+    child.WriteStdin("go\n");
+  }
+  ~Spinner() {
+    kill(child.pid(), SIGKILL);
+    child.Wait(10);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("cli: a bad --config key or value exits 2 naming the key and the file", "[cli]") {
+  TempDir dir;
+  struct Case {
+    std::string yaml, key;
+  } cases[] = {{"collect-interval: 15s\nsampling-frequncy: 99\n", "sampling-frequncy"},
+               {"sampling-frequency: fast\n", "sampling-frequency"},
+               {"log-format: xml\n", "--log-format"},
+               {"sampling-frequency: 0\n", "--sampling-frequency"}};
+  for (const Case& c : cases) {
+    std::string path = WriteFile(dir.path() + "/agent.yaml", c.yaml);
+    Child agent({PS_AGENT_BIN, "--config=" + path});
+    int status = agent.Wait(30);
+    INFO(c.yaml << " -> " << agent.stderr_text());
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 2);
+    CHECK(absl::StrContains(agent.stderr_text(), c.key));
+    // A value the flag's parser refuses names the file; a range check names the flag (the key).
+    if (c.key[0] != '-') CHECK(absl::StrContains(agent.stderr_text(), path + ":"));
+  }
+}
+
+// The example config documents every flag: its keys are exactly --help's flags (but --config),
+// and the agent accepts it as it is.
+TEST_CASE("cli: deploy/config.example.yaml holds every flag and parses", "[cli]") {
+  const std::string example = std::string(PS_SOURCE_DIR) + "/deploy/config.example.yaml";
+  Child agent({PS_AGENT_BIN, "--config=" + example, "--help"});
+  int status = agent.Wait(30);
+  INFO(agent.stderr_text());
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  std::set<std::string> flags, keys;
+  std::regex flag_re("^  --([a-z0-9-]+) \\(default:");
+  for (absl::string_view l : absl::StrSplit(agent.stdout_text(), '\n')) {
+    std::smatch m;
+    std::string line(l);
+    if (std::regex_search(line, m, flag_re) && m[1] != "config") flags.insert(m[1]);
+  }
+  std::ifstream in(example);
+  std::regex key_re("^([a-z0-9-]+):");
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, key_re)) keys.insert(m[1]);
+  }
+  CHECK(flags.size() > 30);
+  CHECK(keys == flags);
+}
+
+// The file's values apply (output dir, duration, profile types, JSON logs); a flag given on the
+// command line wins over the file (the sampling frequency, seen in the profile's period).
+TEST_CASE("config: a --config file applies, command-line flags win, logs are JSON lines",
+          "[root][e2e]") {
+  if (!RequireRoot()) return;
+  TempDir out;
+  Spinner work;
+  std::string config = WriteFile(out.path() + "/agent.yaml",
+                                 absl::StrCat("sampling-frequency: 49\n"
+                                              "duration: 3s\n"
+                                              "profiles: [cpu]\n"
+                                              "log-format: json\n"
+                                              "http-address: \"\"\n"
+                                              "output-dir: ",
+                                              out.path(), "/profiles\n"));
+  Child agent({PS_AGENT_BIN, "--config", config, "--sampling-frequency=99",
+               absl::StrCat("--pid=", work.pid)});
+  int status = agent.Wait(60);
+  INFO("agent stderr:\n" << agent.stderr_text());
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  std::vector<std::string> files = ProfileFiles(out.path() + "/profiles", work.pid, "");
+  REQUIRE(!files.empty());
+  for (const std::string& f : files) {
+    CHECK(absl::StrContains(f, "/process_cpu-"));  // profiles: [cpu] only
+    RawProfile p = ReadWithPprof(f);
+    CHECK(p.period == (1000000000 + 99 / 2) / 99);  // 99 Hz from the command line, not 49
+  }
+  int lines = 0;
+  for (absl::string_view line : absl::StrSplit(agent.stderr_text(), '\n', absl::SkipEmpty())) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    INFO(line);
+    REQUIRE(j.is_object());
+    CHECK(j.size() == 3);
+    CHECK(j["ts"].is_string());
+    CHECK(j["level"].is_string());
+    CHECK(j["msg"].is_string());
+    ++lines;
+  }
+  CHECK(lines >= 3);  // unwind tables, attached, stopped
+}
+
+// SIGHUP leaves the agent running and every window written (the grid of window starts has no
+// gap); SIGUSR1, whose default action kills, flushes the current window and exits 0 like SIGTERM.
+TEST_CASE("signals: SIGHUP loses no window, SIGUSR1 and SIGQUIT flush and stop", "[root][e2e]") {
+  if (!RequireRoot()) return;
+  for (int stop_signal : {SIGUSR1, SIGQUIT}) {
+    TempDir out;
+    Spinner work;
+    Child agent({PS_AGENT_BIN, absl::StrCat("--pid=", work.pid), "--profiles=cpu",
+                 "--sampling-frequency=99", "--collect-interval=1s", "--http-address=127.0.0.1:0",
+                 "--output-dir=" + out.path()});
+    std::string line;
+    int port = 0;
+    std::regex port_re("serving /metrics.*\\(port ([0-9]+)\\)");
+    while (agent.ReadStderrLine(&line, 60) && !absl::StrContains(line, "attached:")) {
+      std::smatch m;
+      if (std::regex_search(line, m, port_re)) port = std::stoi(m[1]);
+    }
+    INFO("agent stderr:\n" << agent.stderr_text());
+    REQUIRE(port > 0);
+    auto samples = [&] {
+      std::string text;
+      RunCommand(absl::StrCat("curl -sS -m 10 http://127.0.0.1:", port, "/metrics"), &text);
+      return MetricValue(text, "parascope_samples_total");
+    };
+    REQUIRE(WaitUntil([&] { return Windows(out.path(), work.pid).size() >= 1; }, 30));
+    REQUIRE(kill(agent.pid(), SIGHUP) == 0);
+    REQUIRE(kill(agent.pid(), SIGHUP) == 0);
+    REQUIRE(WaitUntil([&] { return Windows(out.path(), work.pid).size() >= 3; }, 30));
+    CHECK(agent.Running());
+    // The current window has samples (the spinner runs), so its flush writes a profile.
+    const double before = samples();
+    REQUIRE(WaitUntil([&] { return samples() >= before + 5; }, 30));
+    REQUIRE(kill(agent.pid(), stop_signal) == 0);
+    int status = agent.Wait(30);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    std::set<int64_t> w = Windows(out.path(), work.pid);
+    INFO("signal " << stop_signal << ", windows " << w.size());
+    REQUIRE(w.size() >= 4);  // three whole windows and the flushed partial one
+    // No window missing: consecutive starts about 1 s apart (a window starts when the previous
+    // one was cut, a few ms after its nominal end), never 2 s.
+    for (auto it = std::next(w.begin()); it != w.end(); ++it) {
+      CHECK(*it - *std::prev(it) >= 900);
+      CHECK(*it - *std::prev(it) <= 1100);
+    }
+  }
+}
+
+}  // namespace parascope::testing
