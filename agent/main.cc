@@ -2,11 +2,14 @@
 // 1 runtime or environment failure, 2 usage error.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <iostream>
 #include <optional>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/time/time.h"
 #include "agent/agent.h"
 #include "agent/config/config.h"
@@ -86,8 +89,34 @@ ABSL_FLAG(int32_t, summary_functions, 8, "functions per process shown by --print
 
 namespace {
 
+// Where each flag set by --config came from ("FILE:LINE"), and the command line: a range check
+// that fails on a value from the file names the file (the command line's value wins otherwise).
+std::map<std::string, std::string> g_config_origins;
+std::vector<std::string> g_argv;
+
+bool OnCommandLine(const std::string& underscored) {
+  for (const std::string& a : g_argv) {
+    if (a == "--") break;
+    std::string name = a.substr(0, a.find('='));
+    std::replace(name.begin(), name.end(), '_', '-');
+    std::string dashed = underscored;
+    std::replace(dashed.begin(), dashed.end(), '_', '-');
+    if (name == "--" + dashed || name == "-" + dashed || name == "--no" + dashed) return true;
+  }
+  return false;
+}
+
 int UsageError(const std::string& message) {
-  std::fprintf(stderr, "parascope: %s\nRun 'parascope --help' for the flags.\n", message.c_str());
+  std::string text = message;
+  for (const auto& [name, origin] : g_config_origins) {
+    std::string dashed = name;
+    std::replace(dashed.begin(), dashed.end(), '_', '-');
+    if (absl::StartsWith(text, "--" + dashed + ":") && !OnCommandLine(name)) {
+      text += " (set in " + origin + ")";
+      break;
+    }
+  }
+  std::fprintf(stderr, "parascope: %s\nRun 'parascope --help' for the flags.\n", text.c_str());
   return 2;
 }
 
@@ -102,7 +131,10 @@ int main(int argc, char** argv) {
 
   // The config file first, so that the command line's flags override it.
   if (std::optional<std::string> file = parascope::FindConfigFlag(argc, argv); file) {
-    if (absl::Status s = parascope::ApplyConfigFile(*file, "agent/main.cc", nullptr); !s.ok()) {
+    g_argv.assign(argv + 1, argv + argc);
+    if (absl::Status s =
+            parascope::ApplyConfigFile(*file, "agent/main.cc", nullptr, &g_config_origins);
+        !s.ok()) {
       return UsageError(std::string(s.message()));
     }
   }

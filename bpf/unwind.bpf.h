@@ -68,21 +68,30 @@ struct {
   __type(value, struct ps_unwind_file);
 } ps_unwind_files SEC(".maps");
 
-/* Per process: the vmas its walks found tables for through bpf_find_vma (and the executable's
- * text, found by the exec hook), so that a later walk needs no lookup for them. A sample may
- * call bpf_find_vma once (see ps_unwind_state.vma_tried): without this cache, a walk through
- * two files the process's list lacks (the program and libc in a process's first milliseconds)
- * stops at the second. Eight slots (ps_vma_cache_put); a slot is written without a lock by
- * the sampler of any CPU, so it carries a check word over its fields, and a torn slot is a miss.
- * Entries are made only by the exec hook (tracepoint context: the sampler inserts into no hash,
- * common.bpf.h "Maps written from NMI context"), replaced at the next exec and deleted at
- * process exit (oncpu.bpf.c). Not preallocated: an element replaced or deleted is freed after
- * an RCU grace period, never reused under a reader. */
+/* Per process, from its exec until the daemon first loads its mapping list: the vmas its walks
+ * found tables for through bpf_find_vma (and the executable's text, found by the exec hook), so
+ * that a later walk needs no lookup for them. A sample may call bpf_find_vma once (see
+ * ps_unwind_state.vma_tried): without this cache, a walk through two files the process's list
+ * lacks (the program and libc in a child's first milliseconds) stops at the second.
+ *  - A slot names a vma and its file (dev, ino), not table rows: a hit looks the file up in
+ *    ps_unwind_files again, so a table the daemon evicted (and whose rows it reuses after a
+ *    grace period, unwind_tables.cc) is never read through a stale slot.
+ *  - The daemon deletes the entry when it loads the process's list (UnwindTables::LoadProcess):
+ *    a slot is never consulted long enough for its range to be unmapped and reused by another
+ *    file, and long-lived processes hold no entry.
+ *  - Eight slots (ps_vma_cache_put); a slot is written without a lock by the sampler of any CPU,
+ *    so it carries a check word over its fields, and a torn slot is a miss.
+ *  - Entries are made only by the exec hook (tracepoint context: the sampler inserts into no
+ *    hash, common.bpf.h "Maps written from NMI context") and deleted at process exit
+ *    (oncpu.bpf.c) or by the daemon. Preallocated, as perf_event programs require before Linux
+ *    6.1: an element freed is reused at once, but it is replaced only by its own process's exec
+ *    (whose other threads are gone) and deleted only at its last thread's exit or once it has a
+ *    list, so no sampler of that process is reading it then except through an identity check. */
 #define PS_VMA_CACHE_SLOTS 8
 struct ps_vma_cache_slot {
   __u64 start, end, bias;
-  __u32 first, count;
-  __u64 check; /* ps_vma_slot_check() of the fields above; 0: empty */
+  __u64 dev, ino; /* ps_unwind_file_key of the vma's file */
+  __u64 check;    /* ps_vma_slot_check() of the fields above; 0: empty */
 };
 struct ps_vma_cache {
   __u64 tgid_start_ns; /* identity: the entry is this image's */
@@ -93,7 +102,6 @@ struct ps_vma_cache {
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
   __uint(max_entries, PS_UNWIND_PROC_ENTRIES); /* 1 without bpf_find_vma (agent/bpf/programs.cc) */
-  __uint(map_flags, BPF_F_NO_PREALLOC);
   __type(key, __u32); /* tgid */
   __type(value, struct ps_vma_cache);
 } ps_vma_cache SEC(".maps");
@@ -247,6 +255,7 @@ static __always_inline int ps_read_user_u64(__u64 addr, __u64 *out) {
 struct ps_vma_lookup {
   __u64 start, end; /* the vma */
   __u64 bias;
+  __u64 dev, ino;   /* its file (ps_unwind_file_key) */
   __u32 first;
   __u32 count;
   __u32 found;
@@ -278,6 +287,8 @@ static long ps_vma_file_table(struct task_struct *task, struct vm_area_struct *v
   out->start = start;
   out->end = end;
   out->bias = start - offset + f->seg_offset - f->seg_vaddr;
+  out->dev = key.dev;
+  out->ino = key.ino;
   out->first = f->first;
   out->count = f->count;
   out->found = 1;
@@ -288,10 +299,10 @@ static __always_inline __u32 ps_vma_slot_index(__u64 start) {
   return (__u32)((start >> 12) ^ (start >> 21)) & (PS_VMA_CACHE_SLOTS - 1);
 }
 
-static __always_inline __u64 ps_vma_slot_check(__u64 start, __u64 end, __u64 bias, __u32 first,
-                                               __u32 count) {
+static __always_inline __u64 ps_vma_slot_check(__u64 start, __u64 end, __u64 bias, __u64 dev,
+                                               __u64 ino) {
   __u64 h = (start * 0x9e3779b97f4a7c15ULL) ^ (end * 0xc2b2ae3d27d4eb4fULL) ^ bias ^
-            (((__u64)first << 32) | count);
+            (dev * 0x165667b19e3779f9ULL) ^ ino;
   return h ? h : 1;
 }
 
@@ -313,13 +324,14 @@ static __always_inline void ps_vma_cache_put(struct ps_vma_cache *c,
   sl->start = v->start;
   sl->end = v->end;
   sl->bias = v->bias;
-  sl->first = v->first;
-  sl->count = v->count;
+  sl->dev = v->dev;
+  sl->ino = v->ino;
   ps_barrier();
-  sl->check = ps_vma_slot_check(v->start, v->end, v->bias, v->first, v->count);
+  sl->check = ps_vma_slot_check(v->start, v->end, v->bias, v->dev, v->ino);
 }
 
-/* The cached vma holding `pc` in `c`, into *out; 1 when found. */
+/* The cached vma holding `pc` in `c`, with its file's table as ps_unwind_files has it now, into
+ * *out; 1 when found (a file whose table the daemon has dropped since is a miss). */
 static __always_inline int ps_vma_cache_get(const struct ps_vma_cache *c, __u64 pc,
                                             struct ps_vma_lookup *out) {
   for (__u32 j = 0; j < PS_VMA_CACHE_SLOTS; j++) {
@@ -329,14 +341,21 @@ static __always_inline int ps_vma_cache_get(const struct ps_vma_cache *c, __u64 
       continue;
     ps_barrier();
     __u64 start = sl->start, end = sl->end, bias = sl->bias;
-    __u32 first = sl->first, count = sl->count;
-    if (pc < start || pc >= end || ps_vma_slot_check(start, end, bias, first, count) != check)
+    struct ps_unwind_file_key key = {};
+    key.dev = sl->dev;
+    key.ino = sl->ino;
+    if (pc < start || pc >= end || ps_vma_slot_check(start, end, bias, key.dev, key.ino) != check)
       continue;
+    struct ps_unwind_file *f = bpf_map_lookup_elem(&ps_unwind_files, &key);
+    if (!f)
+      return 0;
     out->start = start;
     out->end = end;
     out->bias = bias;
-    out->first = first;
-    out->count = count;
+    out->dev = key.dev;
+    out->ino = key.ino;
+    out->first = f->first;
+    out->count = f->count;
     out->found = 1;
     return 1;
   }

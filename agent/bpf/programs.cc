@@ -158,8 +158,9 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
       self->links_.push_back(link);
     }
   }
-  for (bpf_program* p : {skel->progs.ps_process_exec, skel->progs.ps_process_exec_vma,
-                         skel->progs.ps_process_exit_vma}) {
+  // The exit hook before the exec hook: an entry made by an exec is always deleted at the exit.
+  for (bpf_program* p : {skel->progs.ps_process_exit_vma, skel->progs.ps_process_exec,
+                         skel->progs.ps_process_exec_vma}) {
     if (!bpf_program__autoload(p)) continue;  // the variant not chosen
     bpf_link* link = bpf_program__attach(p);
     if (link == nullptr) {
@@ -287,15 +288,17 @@ namespace {
 // so the walker never reaches rows or mappings before they are written.
 class BpfUnwindMaps : public unwind::UnwindMaps {
  public:
-  // files_fd: ps_unwind_files, or -1 when the loaded walker does not read it (no bpf_find_vma).
+  // files_fd, vma_cache_fd: ps_unwind_files and ps_vma_cache, or -1 when the loaded walker
+  // does not read them (no bpf_find_vma).
   BpfUnwindMaps(int procs_fd, int rows_fd, uint32_t rows_cap, int maps_fd, uint32_t maps_cap,
-                int files_fd)
+                int files_fd, int vma_cache_fd)
       : procs_fd_(procs_fd),
         rows_fd_(rows_fd),
         rows_cap_(rows_cap),
         maps_fd_(maps_fd),
         maps_cap_(maps_cap),
-        files_fd_(files_fd) {}
+        files_fd_(files_fd),
+        vma_cache_fd_(vma_cache_fd) {}
   uint32_t row_capacity() const override { return rows_cap_; }
   uint32_t mapping_capacity() const override { return maps_cap_; }
   void WriteRows(uint32_t first, absl::Span<const ps_unwind_row> rows) override {
@@ -319,6 +322,11 @@ class BpfUnwindMaps : public unwind::UnwindMaps {
     return absl::OkStatus();
   }
   bool has_files() const override { return files_fd_ >= 0; }
+  // The sampler only looks ps_vma_cache up: deleting from here takes a bucket lock no NMI
+  // program takes (bpf/common.bpf.h, "Maps written from NMI context").
+  void DeleteVmaCache(uint32_t tgid) override {
+    if (vma_cache_fd_ >= 0) bpf_map_delete_elem(vma_cache_fd_, &tgid);
+  }
   void DeleteFile(const ps_unwind_file_key& key) override {
     if (files_fd_ >= 0) bpf_map_delete_elem(files_fd_, &key);
   }
@@ -359,6 +367,7 @@ class BpfUnwindMaps : public unwind::UnwindMaps {
   int maps_fd_;
   uint32_t maps_cap_;
   int files_fd_;
+  int vma_cache_fd_;
 };
 
 
@@ -387,6 +396,8 @@ absl::Status BpfPrograms::StartUnwinder(const Options& options) {
       bpf_map__max_entries(oncpu_->maps.ps_unwind_rows), bpf_map__fd(oncpu_->maps.ps_unwind_maps),
       bpf_map__max_entries(oncpu_->maps.ps_unwind_maps),
       sampler_ == oncpu_->progs.ps_on_cpu_sample_vma ? bpf_map__fd(oncpu_->maps.ps_unwind_files)
+                                                     : -1,
+      sampler_ == oncpu_->progs.ps_on_cpu_sample_vma ? bpf_map__fd(oncpu_->maps.ps_vma_cache)
                                                      : -1);
   unwinder_ = std::make_unique<unwind::UnwindService>(
       std::move(maps),

@@ -10,6 +10,7 @@
 // own parser (absl::CommandLineFlag::ParseFrom), as a command-line value would.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,11 +26,16 @@ std::optional<std::string> FindConfigFlag(int argc, char** argv);
 // Sets every flag the YAML file at `path` names. Errors are InvalidArgument and name the file
 // and the key: "/etc/parascope.yaml: sampling-frequency: Illegal value 'fast' ...", for a key
 // that is no flag, a value that is not a scalar or a sequence of scalars, a value the flag's
-// parser refuses, a key given twice, the key `config` itself, or a file that is not YAML (with
-// its line and column). A missing or unreadable file is InvalidArgument too: it was asked for.
+// parser refuses, a key given twice, the key `config` itself, a file that is not YAML (with its
+// line and column) or holds several documents. A missing, unreadable or non-regular file is
+// InvalidArgument too: it was asked for. A sequence is accepted for list flags only (repeatable
+// ones, --pid, --profiles: joined with commas; --debuginfod-urls: with spaces).
 // Only flags defined in files whose path contains `flags_file` count (the agent's: "agent/main.cc";
 // not Abseil's own, such as --flagfile). `*keys` (if not null) receives the flags set, underscored.
+// `*origins` (if not null) maps each of them to "FILE:LINE", for errors found later (range
+// checks) to name where the value came from.
 absl::Status ApplyConfigFile(const std::string& path, const std::string& flags_file,
-                             std::vector<std::string>* keys);
+                             std::vector<std::string>* keys,
+                             std::map<std::string, std::string>* origins = nullptr);
 
 }  // namespace parascope

@@ -456,6 +456,9 @@ absl::Status UnwindTables::LoadProcess(uint32_t tgid, uint64_t start_ticks, uint
     for (Table* t : refs) Unref(t);
     return s;
   }
+  // The walker has the process's list now: its vma cache (the image's first walks) goes, before
+  // a range in it could be unmapped and reused by another file.
+  maps_->DeleteVmaCache(tgid);
   Process& p = processes_[tgid];
   if (p.map_count > 0 || !p.tables.empty()) {
     Quarantine(false, p.map_first, p.map_count);

@@ -62,6 +62,9 @@ class UnwindMaps {
   virtual void DeleteFile(const ps_unwind_file_key& key) { (void)key; }
   // True when the loaded walker reads ps_unwind_files (bpf_find_vma); else no entries are made.
   virtual bool has_files() const { return false; }
+  // Deletes the process's ps_vma_cache entry (bpf/unwind.bpf.h): done once its mapping list is
+  // loaded, which the walker then uses instead.
+  virtual void DeleteVmaCache(uint32_t tgid) { (void)tgid; }
   // Returns once no BPF program still runs that could have read an entry before it was
   // unlinked (an RCU grace period: BPF programs run under rcu_read_lock). Fakes return at once.
   virtual void Synchronize() {}

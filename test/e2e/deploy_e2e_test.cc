@@ -77,7 +77,8 @@ TEST_CASE("cli: a bad --config key or value exits 2 naming the key and the file"
   } cases[] = {{"collect-interval: 15s\nsampling-frequncy: 99\n", "sampling-frequncy"},
                {"sampling-frequency: fast\n", "sampling-frequency"},
                {"log-format: xml\n", "--log-format"},
-               {"sampling-frequency: 0\n", "--sampling-frequency"}};
+               {"sampling-frequency: 0\n", "--sampling-frequency"},
+               {"profiles: [cpu, bogus]\n", "--profiles"}};
   for (const Case& c : cases) {
     std::string path = WriteFile(dir.path() + "/agent.yaml", c.yaml);
     Child agent({PS_AGENT_BIN, "--config=" + path});
@@ -86,8 +87,7 @@ TEST_CASE("cli: a bad --config key or value exits 2 naming the key and the file"
     REQUIRE(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 2);
     CHECK(absl::StrContains(agent.stderr_text(), c.key));
-    // A value the flag's parser refuses names the file; a range check names the flag (the key).
-    if (c.key[0] != '-') CHECK(absl::StrContains(agent.stderr_text(), path + ":"));
+    CHECK(absl::StrContains(agent.stderr_text(), path + ":"));
   }
 }
 
@@ -181,28 +181,38 @@ TEST_CASE("signals: SIGHUP loses no window, SIGUSR1 and SIGQUIT flush and stop",
     auto samples = [&] {
       std::string text;
       RunCommand(absl::StrCat("curl -sS -m 10 http://127.0.0.1:", port, "/metrics"), &text);
-      return MetricValue(text, "parascope_samples_total");
+      // Read from the BPF counters at scrape time: it advances within a window.
+      return MetricValue(text, "parascope_bpf_samples_taken_total");
     };
     REQUIRE(WaitUntil([&] { return Windows(out.path(), work.pid).size() >= 1; }, 30));
     REQUIRE(kill(agent.pid(), SIGHUP) == 0);
     REQUIRE(kill(agent.pid(), SIGHUP) == 0);
     REQUIRE(WaitUntil([&] { return Windows(out.path(), work.pid).size() >= 3; }, 30));
     CHECK(agent.Running());
-    // The current window has samples (the spinner runs), so its flush writes a profile.
-    const double before = samples();
-    REQUIRE(WaitUntil([&] { return samples() >= before + 5; }, 30));
+    // Right after a window's profile appeared, the next window has samples once the counter
+    // moved on (the spinner runs): the stop signal then comes mid-window, and the flush must
+    // write that partial window's profile.
+    size_t whole = 0;
+    REQUIRE(WaitUntil(
+        [&] {
+          whole = Windows(out.path(), work.pid).size();
+          const double base = samples();
+          if (!WaitUntil([&] { return samples() >= base + 5; }, 30)) return false;
+          return Windows(out.path(), work.pid).size() == whole;  // still the same window
+        },
+        30));
     REQUIRE(kill(agent.pid(), stop_signal) == 0);
     int status = agent.Wait(30);
     REQUIRE(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
     std::set<int64_t> w = Windows(out.path(), work.pid);
-    INFO("signal " << stop_signal << ", windows " << w.size());
-    REQUIRE(w.size() >= 4);  // three whole windows and the flushed partial one
+    INFO("signal " << stop_signal << ", windows " << w.size() << ", whole before it " << whole);
+    REQUIRE(w.size() >= whole + 1);  // the flushed partial window
     // No window missing: consecutive starts about 1 s apart (a window starts when the previous
-    // one was cut, a few ms after its nominal end), never 2 s.
+    // one was cut, later than its nominal end on a busy machine), never 2 s.
     for (auto it = std::next(w.begin()); it != w.end(); ++it) {
-      CHECK(*it - *std::prev(it) >= 900);
-      CHECK(*it - *std::prev(it) <= 1100);
+      CHECK(*it - *std::prev(it) >= 500);
+      CHECK(*it - *std::prev(it) < 1500);
     }
   }
 }

@@ -196,8 +196,7 @@ TEST_CASE("ApplyConfigFile errors name the file, the line and the key", "[config
       {"config: other.yaml\n", ":1: config: not allowed in a config file"},
       {"- a\n- b\n", ": expected a mapping of flag names"},
       {"a: [\n", ":2:1: not YAML"},
-      // A flag that exists but is not the agent's (Abseil's own --flagfile).
-      {"flagfile: x\n", ":1: flagfile: unknown key"},
+      {"ps-test-frequency: 1\n---\nps-test-frequency: 2\n", ": holds 2 YAML documents"},
   };
   for (const Case& c : cases) {
     std::string path = WriteYaml(c.yaml);
@@ -209,6 +208,12 @@ TEST_CASE("ApplyConfigFile errors name the file, the line and the key", "[config
   }
   absl::Status missing = ApplyConfigFile("/nonexistent/agent.yaml", "x", nullptr);
   CHECK(absl::StrContains(missing.message(), "/nonexistent/agent.yaml: cannot read"));
+  absl::Status dir = ApplyConfigFile("/tmp", "x", nullptr);
+  CHECK(absl::StrContains(dir.message(), "/tmp: not a regular file"));
+  std::map<std::string, std::string> origins;
+  std::string path = WriteYaml("\nps-test-interval: 4s\n");
+  REQUIRE(ApplyConfigFile(path, "test/unit/config_test.cc", nullptr, &origins).ok());
+  CHECK(origins == std::map<std::string, std::string>{{"ps_test_interval", path + ":2"}});
 }
 
 TEST_CASE("FindConfigFlag finds --config in both spellings, the last one winning", "[config]") {
