@@ -607,6 +607,10 @@ TEST_CASE("JIT: Node's perf map names its hot JavaScript function", "[root][symb
   if (!RequireRoot()) return;
   std::string node = Output("command -v node || command -v nodejs");
   TempDir tmp;  // node writes isolate logs into its working directory
+  // --no-turbo-inlining: TurboFan may inline hotLoopFunction into the stdin callback (OSR), and
+  // those samples then rightly name the callback (Node 20 here: 0.78-0.84 of samples named
+  // hotLoopFunction, the rest "JS:* hot.js:5:28"); the test is about the perf map, not V8's
+  // inlining.
   const std::string script = tmp.path() + "/hot.js";
   std::ofstream(script) << "function hotLoopFunction(n) { let s = 0;\n"
                            "  for (let i = 0; i < n; i++) s = (s * 31 + i) % 1000003;\n"
@@ -620,7 +624,7 @@ TEST_CASE("JIT: Node's perf map names its hot JavaScript function", "[root][symb
   TempDir out;
   std::unique_ptr<Child> work = std::make_unique<Child>(std::vector<std::string>{
       "/bin/sh", "-c", absl::StrCat("cd ", tmp.path(), " && exec ", node,
-                                    " --perf-basic-prof ", script)});
+                                    " --perf-basic-prof --no-turbo-inlining ", script)});
   std::string line;
   REQUIRE(work->ReadStdoutLine(&line));
   REQUIRE(absl::StartsWith(line, "ready "));
