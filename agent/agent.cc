@@ -15,7 +15,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "agent/bpf/libbpf_log.h"
 #include "agent/bpf/probe.h"
 #include "agent/bpf/programs.h"
@@ -25,7 +27,10 @@
 #include "agent/export/pyroscope_exporter.h"
 #include "agent/profile/profile_set.h"
 #include "agent/profile/summary.h"
+#include "agent/proc/command.h"
 #include "agent/proc/process_table.h"
+#include "agent/proc/read_file.h"
+#include "agent/proc/stat.h"
 #include "agent/proc/targets.h"
 #include "agent/server/http_server.h"
 #include "agent/server/metric_names.h"
@@ -46,7 +51,7 @@ enum class Wake { kDeadline, kSignal, kTargetsExited };
 // signalfd(2); SIGHUP is logged and waited past), or the exit of the last --pid target (its pidfd becomes readable).
 // Exited targets are removed from the BPF pid filter as they are seen.
 Wake WaitForWake(int64_t deadline_ns, int signal_fd, proc::TargetProcesses* targets,
-                 BpfPrograms* bpf) {
+                 BpfPrograms* bpf, signalfd_siginfo* got) {
   for (;;) {
     if (!targets->empty()) {
       for (uint32_t tgid : targets->ReapExited()) {
@@ -76,6 +81,7 @@ Wake WaitForWake(int64_t deadline_ns, int signal_fd, proc::TargetProcesses* targ
         }
         Log(LogLevel::kInfo, "received %s: flushing the current window",
             strsignal(static_cast<int>(si.ssi_signo)));
+        *got = si;
         return Wake::kSignal;
       }
     }
@@ -150,6 +156,48 @@ class AgentMetrics {
         {}, [this] {
           return std::vector<CallbackSample>{
               {{}, static_cast<double>(bpf_->Counters()[PS_CTR_RUNNING_UNCOUNTED])}};
+        }));
+    regs_.push_back(registry->AddCallback(
+        MetricType::kGauge, "parascope_parallelism_groups",
+        "Parallelism counts the kernel holds (--latency-group: one per live process, live "
+        "cgroup or command tree; bpf/abi.h PS_GROUP_*).",
+        {}, [this] {
+          BpfCounters c = bpf_->Counters();
+          return std::vector<CallbackSample>{
+              {{}, static_cast<double>(c[PS_CTR_GROUPS_MADE]) -
+                       static_cast<double>(c[PS_CTR_GROUPS_RELEASED])}};
+        }));
+    regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_parallelism_group_events_total",
+        "Parallelism counts the kernel made (a group's first switch-in) and released (its "
+        "process's last thread exited, its cgroup was removed).",
+        {"event"}, [this] {
+          BpfCounters c = bpf_->Counters();
+          return std::vector<CallbackSample>{
+              {{"made"}, static_cast<double>(c[PS_CTR_GROUPS_MADE])},
+              {{"released"}, static_cast<double>(c[PS_CTR_GROUPS_RELEASED])}};
+        }));
+    regs_.push_back(registry->AddCallback(
+        MetricType::kGauge, "parascope_tree_processes",
+        "Command mode: live processes of the command's tree (the command and its descendants) "
+        "the kernel tracks; 0 otherwise.",
+        {}, [this] {
+          BpfCounters c = bpf_->Counters();
+          double n = bpf_->tree_root() != 0 ? 1.0 + static_cast<double>(c[PS_CTR_TREE_JOINED]) -
+                                                  static_cast<double>(c[PS_CTR_TREE_LEFT])
+                                            : 0.0;
+          return std::vector<CallbackSample>{{{}, n}};
+        }));
+    regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_tree_forks_total",
+        "Command mode: processes forked in the command's tree, by outcome: followed (joined the "
+        "tree) or lost (the tree's map of PS_TREE_ENTRIES live processes was full: not "
+        "profiled).",
+        {"outcome"}, [this] {
+          BpfCounters c = bpf_->Counters();
+          return std::vector<CallbackSample>{
+              {{"followed"}, static_cast<double>(c[PS_CTR_TREE_JOINED])},
+              {{"lost"}, static_cast<double>(c[PS_CTR_TREE_FULL])}};
         }));
     regs_.push_back(registry->AddCallback(
         MetricType::kCounter, "parascope_sched_switches_total", "sched_switch events traced.",
@@ -506,12 +554,90 @@ sigset_t HandledSignals() {
   return set;
 }
 
-absl::Status RunAgent(const Config& config) {
+namespace {
+
+// The cgroup v2 path of process `tgid` (the "0::" line of /proc/<tgid>/cgroup, man 7 cgroups), or
+// "" when it cannot be read (the process exited).
+std::string CgroupV2Path(uint32_t tgid) {
+  auto text = proc::ReadFileToString(absl::StrCat("/proc/", tgid, "/cgroup"));
+  if (!text.ok()) return "";
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    if (absl::StartsWith(line, "0::")) return std::string(line.substr(3));
+  }
+  return "";
+}
+
+// The exit status a shell gives a command that could not be run: 127 not found, 126 found but
+// not executable (POSIX "Command Search and Execution").
+int CannotRunStatus(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kNotFound ? 127 : 126;
+}
+
+// Command mode, after profiling stopped before the command exited: blocks until it exits (its
+// pidfd is readable), passing on every signal sent to the agent alone (kill(2); a terminal's
+// signals reach the command's process group themselves, SI_KERNEL).
+void WaitForCommand(proc::Command* command, int signal_fd) {
+  if (command->pidfd() < 0) return;  // Reap() blocks instead
+  for (;;) {
+    pollfd fds[2] = {{command->pidfd(), POLLIN, 0}, {signal_fd, POLLIN, 0}};
+    int n = poll(fds, 2, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) return;
+    if (fds[1].revents & POLLIN) {
+      signalfd_siginfo si{};
+      if (read(signal_fd, &si, sizeof(si)) == sizeof(si) && si.ssi_code != SI_KERNEL) {
+        Log(LogLevel::kInfo, "received %s: passed on to the command",
+            strsignal(static_cast<int>(si.ssi_signo)));
+        command->Signal(static_cast<int>(si.ssi_signo));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status RunAgent(const Config& config, int* exit_status) {
+  *exit_status = 0;
   InstallLibbpfLogger();
   PS_RETURN_IF_ERROR(ProbeBpfEnvironment());
-  // The --pid targets' identities, fixed now: a pid that does not exist is an error, and a
-  // process that later gets a target's pid is never profiled.
-  PS_ASSIGN_OR_RETURN(proc::TargetProcesses targets, proc::TargetProcesses::Pin(config.pids));
+  // Command mode: the command's process first, while the agent has one thread (fork); it waits
+  // until the programs are attached and it is in the tree.
+  std::unique_ptr<proc::Command> command;
+  if (!config.command.empty()) {
+    auto started = proc::Command::Start(config.command);
+    if (!started.ok()) {
+      *exit_status = CannotRunStatus(started.status());
+      return started.status();
+    }
+    command = *std::move(started);
+  }
+  std::vector<uint32_t> pinned = config.pids;
+  if (command != nullptr) pinned = {static_cast<uint32_t>(command->pid())};
+  // The --pid targets' (or the command's) identities, fixed now: a pid that does not exist is an
+  // error, and a process that later gets a target's pid is never profiled.
+  PS_ASSIGN_OR_RETURN(proc::TargetProcesses targets, proc::TargetProcesses::Pin(pinned));
+  // The tree's profiles are reported under its root, the command's process (its exec id is
+  // taken from its records: it changes at the exec of CMD).
+  ProfileOwner tree_owner;
+  if (command != nullptr) {
+    PS_ASSIGN_OR_RETURN(std::string stat_text,
+                        proc::ReadFileToString(absl::StrCat("/proc/", command->pid(), "/stat")));
+    PS_ASSIGN_OR_RETURN(proc::ProcStat st, proc::ParseStat(stat_text));
+    tree_owner.process = {static_cast<uint32_t>(command->pid()),
+                          proc::TicksToNs(st.start_time_ticks), 0};
+    tree_owner.group.kind = ProfileGroup::Kind::kTree;
+    tree_owner.group.id = static_cast<uint64_t>(command->pid());
+    tree_owner.group.latency_group =
+        config.latency_group == Config::LatencyGroup::kTree     ? "tree"
+        : config.latency_group == Config::LatencyGroup::kCgroup ? "cgroup"
+                                                                : "process";
+  }
+  if (config.latency_group == Config::LatencyGroup::kCgroup &&
+      access("/proc/self/cgroup", R_OK) == 0 && CgroupV2Path(getpid()).empty()) {
+    return absl::FailedPreconditionError(
+        "--latency-group=cgroup needs cgroup v2: /proc/self/cgroup has no \"0::\" line (mount "
+        "cgroup2, e.g. the unified hierarchy of systemd)");
+  }
   // HandledSignals() are blocked in every thread (main.cc); the window loop reads them here.
   const sigset_t handled = HandledSignals();
   const int signal_fd = signalfd(-1, &handled, SFD_CLOEXEC);
@@ -586,6 +712,10 @@ absl::Status RunAgent(const Config& config) {
   BpfPrograms::Options opts;
   opts.frequency_hz = config.sampling_frequency_hz;
   opts.tgids = config.pids;
+  opts.tree_root = command != nullptr ? static_cast<uint32_t>(command->pid()) : 0;
+  opts.latency_group = config.latency_group == Config::LatencyGroup::kCgroup ? PS_GROUP_CGROUP
+                       : config.latency_group == Config::LatencyGroup::kTree ? PS_GROUP_TREE
+                                                                              : PS_GROUP_PROCESS;
   opts.collect_interval = config.collect_interval;
   opts.sched = config.profiles.needs_sched();
   opts.offcpu = config.profiles.needs_offcpu();
@@ -639,7 +769,21 @@ absl::Status RunAgent(const Config& config) {
         "); a captured interval under ", PS_EXACT_OFFCPU_NS / 1000000,
         " ms counts w times (unbiased), longer intervals count once, exactly");
   }
+  // --latency-group=cgroup: the latency profiles are the cgroups' (group_set, which also builds
+  // each cgroup's CPU profile for the summary); the per-process set builds the other types.
+  const bool cgroup_groups = config.latency_group == Config::LatencyGroup::kCgroup;
+  std::unique_ptr<ProfileSet> group_set;
+  if (cgroup_groups) {
+    ProfileOptions gopts = popts;
+    gopts.types.enabled.fill(false);
+    gopts.types.enabled[static_cast<int>(ProfileType::kCpu)] = true;
+    gopts.types.enabled[static_cast<int>(ProfileType::kLatency)] = true;
+    group_set = std::make_unique<ProfileSet>(gopts, &symbolizer, &processes);
+    popts.types.enabled[static_cast<int>(ProfileType::kLatency)] = false;
+  }
   ProfileSet profile_set(popts, &symbolizer, &processes);
+  // Cgroup paths by id (bounded: cleared past 4096), read from a member's /proc/<pid>/cgroup.
+  absl::flat_hash_map<uint64_t, std::string> cgroup_paths;
 
   std::vector<Exporter*> exporters;
   std::unique_ptr<FileExporter> file_exporter;
@@ -681,8 +825,10 @@ absl::Status RunAgent(const Config& config) {
       bpf->sched_attach_kind().empty() ? ""
                                        : absl::StrCat(", sched_switch via ",
                                                       bpf->sched_attach_kind()),
-      config.pids.empty() ? std::string("all processes")
-                          : absl::StrCat("pids ", absl::StrJoin(config.pids, ",")),
+      command != nullptr ? absl::StrCat("the command ", command->path(), " (pid ",
+                                        command->pid(), ") and its descendants")
+      : config.pids.empty() ? std::string("all processes")
+                            : absl::StrCat("pids ", absl::StrJoin(config.pids, ",")),
       absl::FormatDuration(config.collect_interval),
       config.duration > absl::ZeroDuration()
           ? absl::StrCat(", for ", absl::FormatDuration(config.duration))
@@ -694,10 +840,26 @@ absl::Status RunAgent(const Config& config) {
   RateLimitedLog impostor_log;
   RateLimitedLog export_log;
   bool stop = false;
+  if (command != nullptr) {
+    // In the tree (BPF) since before attach: CMD is recorded from its first instruction on.
+    if (absl::Status s = command->Release(); !s.ok()) {
+      absl::StatusOr<int> died = command->Reap();
+      // Killed before it could exec (^C during start-up): 128 + the signal, as a shell says.
+      *exit_status = s.code() == absl::StatusCode::kInternal && died.ok() ? *died
+                                                                          : CannotRunStatus(s);
+      return s;
+    }
+  }
   int64_t cpu_loop_end = ThreadCpuNs();
   while (!stop) {
-    stop = WaitForWake(schedule.boundary_ns(), signal_fd, &targets, bpf.get()) != Wake::kDeadline ||
-           schedule.final();
+    signalfd_siginfo got{};
+    const Wake wake = WaitForWake(schedule.boundary_ns(), signal_fd, &targets, bpf.get(), &got);
+    stop = wake != Wake::kDeadline || schedule.final();
+    if (wake == Wake::kSignal && command != nullptr && got.ssi_code != SI_KERNEL) {
+      // A signal sent to the agent alone (kill(2); a terminal's ^C reaches the command's process
+      // group itself, SI_KERNEL) is passed on to the command, like a shell's job control.
+      command->Signal(static_cast<int>(got.ssi_signo));
+    }
     const int64_t cpu0 = ThreadCpuNs();
     Log(LogLevel::kDebug, "between windows: agent CPU ms %.1f", (cpu0 - cpu_loop_end) / 1e6);
     auto data = bpf->Drain(stop);
@@ -708,16 +870,33 @@ absl::Status RunAgent(const Config& config) {
     struct RecordIndex {
       std::vector<uint32_t> oncpu, offcpu, runtime;
     };
+    // In command mode every record is the tree's: one owner, the root, under the exec id of its
+    // latest image (CMD's, once it exec'd; ids only grow, bpf/abi.h "Process identity").
+    const ProfileOwner* owner = command != nullptr ? &tree_owner : nullptr;
+    if (owner != nullptr) {
+      auto note = [&](const proc::ProcessKey& k) {
+        if (k.tgid == tree_owner.process.tgid) {
+          tree_owner.process.exec_id = std::max(tree_owner.process.exec_id, k.exec_id);
+        }
+      };
+      for (const OnCpuRecord& r : data->oncpu) note(r.process);
+      for (const OffCpuRecord& r : data->offcpu) note(r.process);
+      for (const RuntimeRecord& r : data->runtime) note(r.process);
+    }
+    auto owner_key = [&](const proc::ProcessKey& k) -> const proc::ProcessKey& {
+      return owner != nullptr ? tree_owner.process : k;
+    };
     absl::flat_hash_map<proc::ProcessKey, RecordIndex> by_process;
     for (uint32_t i = 0; i < data->oncpu.size(); ++i) {
-      by_process[data->oncpu[i].process].oncpu.push_back(i);
+      by_process[owner_key(data->oncpu[i].process)].oncpu.push_back(i);
     }
     for (uint32_t i = 0; i < data->offcpu.size(); ++i) {
-      by_process[data->offcpu[i].process].offcpu.push_back(i);
+      by_process[owner_key(data->offcpu[i].process)].offcpu.push_back(i);
     }
     for (uint32_t i = 0; i < data->runtime.size(); ++i) {
-      by_process[data->runtime[i].process].runtime.push_back(i);
+      by_process[owner_key(data->runtime[i].process)].runtime.push_back(i);
     }
+
     const int64_t t0_unix_ns = data->start_mono_ns + unix_minus_mono;
     const int64_t duration_ns = data->end_mono_ns - data->start_mono_ns;
     int64_t cpu_build = 0, cpu_export = 0;
@@ -734,9 +913,9 @@ absl::Status RunAgent(const Config& config) {
       }
       const int64_t c0 = ThreadCpuNs();
       // Off-CPU first: the wall profile then starts as a copy of the off_cpu one.
-      for (uint32_t i : index.offcpu) profile_set.AddOffCpu(data->offcpu[i]);
-      for (uint32_t i : index.oncpu) profile_set.AddOnCpu(data->oncpu[i]);
-      for (uint32_t i : index.runtime) profile_set.AddRuntime(data->runtime[i]);
+      for (uint32_t i : index.offcpu) profile_set.AddOffCpu(data->offcpu[i], owner);
+      for (uint32_t i : index.oncpu) profile_set.AddOnCpu(data->oncpu[i], owner);
+      for (uint32_t i : index.runtime) profile_set.AddRuntime(data->runtime[i], owner);
       std::vector<ProcessProfile> profiles = profile_set.Finish(t0_unix_ns, duration_ns);
       const int64_t c1 = ThreadCpuNs();
       profiles_this_window += profiles.size();
@@ -754,6 +933,54 @@ absl::Status RunAgent(const Config& config) {
       }
       cpu_build += c1 - c0;
       cpu_export += ThreadCpuNs() - c1;
+    }
+    if (group_set != nullptr) {
+      // The cgroups' latency profiles: parallelism counted over each cgroup (BPF keyed the
+      // samples by its id), one group at a time.
+      absl::flat_hash_map<uint64_t, std::vector<uint32_t>> by_group;
+      for (uint32_t i = 0; i < data->oncpu.size(); ++i) {
+        const OnCpuRecord& r = data->oncpu[i];
+        // A --pid run's impostors are left out (in command mode BPF records the tree alone).
+        if (command == nullptr && !targets.empty() && !targets.Matches(r.process)) continue;
+        by_group[r.group].push_back(i);
+      }
+      for (const auto& [id, index] : by_group) {
+        const int64_t c0 = ThreadCpuNs();
+        ProfileOwner cg;
+        cg.process = data->oncpu[index.front()].process;
+        cg.group.kind = ProfileGroup::Kind::kCgroup;
+        cg.group.id = id;
+        auto it = cgroup_paths.find(id);
+        if (it == cgroup_paths.end()) {
+          if (cgroup_paths.size() >= 4096) cgroup_paths.clear();
+          std::string path;
+          for (uint32_t i : index) {
+            path = CgroupV2Path(data->oncpu[i].process.tgid);
+            if (!path.empty()) break;
+          }
+          it = cgroup_paths.emplace(id, path).first;
+        }
+        cg.group.cgroup_path = it->second;
+        for (uint32_t i : index) group_set->AddOnCpu(data->oncpu[i], &cg);
+        std::vector<ProcessProfile> profiles = group_set->Finish(t0_unix_ns, duration_ns);
+        const int64_t c1 = ThreadCpuNs();
+        for (const ProcessProfile& p : profiles) {
+          if (config.print_summary) summary.Add(p);
+          if (p.type != "latency") continue;  // the CPU profile is for the summary only
+          ++profiles_this_window;
+          for (Exporter* e : exporters) {
+            absl::Status s = e->Export(p);
+            if (s.ok()) {
+              if (e == file_exporter.get()) ++profiles_written;
+            } else {
+              ++export_errors;
+              export_log.Log(LogLevel::kWarning, "export failed: %s", s.ToString());
+            }
+          }
+        }
+        cpu_build += c1 - c0;
+        cpu_export += ThreadCpuNs() - c1;
+      }
     }
     processes.EndWindow();
     symbolizer.EndWindow();
@@ -779,6 +1006,22 @@ absl::Status RunAgent(const Config& config) {
         (cpu_loop_end - cpu0) / 1e6);
   }
 
+  if (command != nullptr) {
+    // The command's exit status is the agent's. When profiling stopped first (--duration, a
+    // signal), the agent waits for it, passing on the signals sent to the agent alone.
+    if (!targets.all_exited()) {
+      Log(LogLevel::kInfo, "profiling stopped; waiting for %s (pid %d) to exit", command->path(),
+          command->pid());
+      WaitForCommand(command.get(), signal_fd);
+    }
+    absl::StatusOr<int> status = command->Reap();
+    if (!status.ok()) {
+      *exit_status = 1;
+      return status.status();
+    }
+    *exit_status = *status;
+    Log(LogLevel::kInfo, "command %s exited with status %d", command->path(), *exit_status);
+  }
   if (pusher != nullptr) {
     pusher->Shutdown();  // delivers what is queued, for at most --shutdown-timeout
     PyroscopeExporter::Stats st = pusher->GetStats();

@@ -14,7 +14,11 @@ namespace parascope {
 // thread with SIGINT and SIGTERM blocked (main does this before any other thread exists).
 // Errors: a missing privilege or kernel feature (PermissionDenied, FailedPrecondition) or a
 // failure to load/attach, with a message saying what to grant or enable.
-absl::Status RunAgent(const Config& config);
+// In command mode (config.command) it first starts the command (agent/proc/command.h), profiles
+// it and its descendants as one tree until it exits, and sets *exit_status to the command's exit
+// status (127 when it cannot be found or run, 126 when it is not executable); otherwise
+// *exit_status stays 0.
+absl::Status RunAgent(const Config& config, int* exit_status);
 
 // The signals the agent handles itself; main() blocks them in every thread before any thread
 // exists, and RunAgent reads them from a signalfd(2) between windows. SIGINT, SIGTERM, SIGQUIT,

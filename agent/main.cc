@@ -1,5 +1,6 @@
 // parascope: flags -> Config -> Validate -> RunAgent. Exit codes (SPEC section 7): 0 clean stop,
-// 1 runtime or environment failure, 2 usage error.
+// 1 runtime or environment failure, 2 usage error; in command mode (`-- CMD`) the command's exit
+// status (127: not found, 126: not executable, as a shell reports them).
 #include <signal.h>
 
 #include <algorithm>
@@ -86,6 +87,11 @@ ABSL_FLAG(bool, print_summary, false,
           "at exit, print the busiest processes and their top functions by CPU");
 ABSL_FLAG(int32_t, summary_processes, 5, "processes shown by --print-summary");
 ABSL_FLAG(int32_t, summary_functions, 8, "functions per process shown by --print-summary");
+ABSL_FLAG(std::string, latency_group, "process",
+          "what shares one parallelism count in the latency profile: process (each process), "
+          "cgroup (each cgroup v2: a systemd unit, a container; latency profiles written per "
+          "cgroup) or tree (a command and its descendants; the default in command mode, "
+          "parascope [flags] -- CMD ARGS...)");
 
 namespace {
 
@@ -93,6 +99,13 @@ namespace {
 // that fails on a value from the file names the file (the command line's value wins otherwise).
 std::map<std::string, std::string> g_config_origins;
 std::vector<std::string> g_argv;
+
+bool OnCommandLine(const std::string& underscored);
+
+// True when the flag was given on the command line or in the --config file.
+bool Explicit(const std::string& underscored) {
+  return OnCommandLine(underscored) || g_config_origins.count(underscored) > 0;
+}
 
 bool OnCommandLine(const std::string& underscored) {
   for (const std::string& a : g_argv) {
@@ -128,6 +141,9 @@ int main(int argc, char** argv) {
   sigprocmask(SIG_BLOCK, &handled, nullptr);
   // A push connection closed by the server must be an error, not a kill (signal(7)).
   signal(SIGPIPE, SIG_IGN);
+  // Command mode reaps its command with waitpid(2): an ignored SIGCHLD inherited from the parent
+  // would make the kernel reap it first and lose its exit status.
+  signal(SIGCHLD, SIG_DFL);
 
   // The config file first, so that the command line's flags override it.
   if (std::optional<std::string> file = parascope::FindConfigFlag(argc, argv); file) {
@@ -138,16 +154,20 @@ int main(int argc, char** argv) {
       return UsageError(std::string(s.message()));
     }
   }
-  std::vector<std::string> positional;
+  std::vector<std::string> positional, command;
   bool help = false;
-  if (absl::Status s = parascope::ParseFlags(argc, argv, &positional, &help); !s.ok()) {
+  if (absl::Status s = parascope::ParseFlags(argc, argv, &positional, &help, &command); !s.ok()) {
     return UsageError(std::string(s.message()));
   }
   if (help) {
     std::cout << parascope::FlagsHelp("parascope", "agent/main.cc");
     return 0;
   }
-  if (!positional.empty()) return UsageError("unexpected argument '" + positional[0] + "'");
+  if (!positional.empty()) {
+    return UsageError("unexpected argument '" + positional[0] +
+                      "' (to profile a command, put it after '--': parascope [flags] -- CMD)");
+  }
+  if (g_argv.empty()) g_argv.assign(argv + 1, argv + argc);
 
   parascope::Config config;
   config.sampling_frequency_hz = absl::GetFlag(FLAGS_sampling_frequency);
@@ -210,14 +230,37 @@ int main(int argc, char** argv) {
   config.print_summary = absl::GetFlag(FLAGS_print_summary);
   config.summary_processes = absl::GetFlag(FLAGS_summary_processes);
   config.summary_functions = absl::GetFlag(FLAGS_summary_functions);
+  config.command = command;
+  const std::string group = absl::GetFlag(FLAGS_latency_group);
+  if (group == "process") {
+    // Command mode counts parallelism over the command's tree unless told otherwise.
+    config.latency_group = !command.empty() && !Explicit("latency_group")
+                               ? parascope::Config::LatencyGroup::kTree
+                               : parascope::Config::LatencyGroup::kProcess;
+  } else if (group == "cgroup") {
+    config.latency_group = parascope::Config::LatencyGroup::kCgroup;
+  } else if (group == "tree") {
+    config.latency_group = parascope::Config::LatencyGroup::kTree;
+  } else {
+    return UsageError("--latency-group: expected process, cgroup or tree, got '" + group + "'");
+  }
+  if (!command.empty()) {
+    // Command mode, like `perf record -- CMD`: the summary is printed, profiles are written to
+    // ./profiles unless sent elsewhere, and no HTTP server is started unless asked for (a
+    // daemon may hold the default port).
+    config.print_summary = true;
+    if (config.output_dir.empty() && config.remote_url.empty()) config.output_dir = "profiles";
+    if (!Explicit("http_address")) config.http_address.clear();
+  }
   if (absl::Status s = config.Validate(); !s.ok()) return UsageError(std::string(s.message()));
 
   parascope::SetLogLevel(config.log_level);
   parascope::SetLogFormat(log_format == "json" ? parascope::LogFormat::kJson
                                                : parascope::LogFormat::kText);
-  if (absl::Status s = parascope::RunAgent(config); !s.ok()) {
+  int exit_status = 0;
+  if (absl::Status s = parascope::RunAgent(config, &exit_status); !s.ok()) {
     parascope::Log(parascope::LogLevel::kError, "%s", std::string(s.message()));
-    return 1;
+    return exit_status != 0 ? exit_status : 1;
   }
-  return 0;
+  return exit_status;
 }

@@ -67,8 +67,25 @@ struct ps_oncpu_key {
   __u32 flags;           /* PS_SAMPLE_* */
   __u32 exec_id;         /* ps_exec_id(): which program the process runs (changes at execve) */
   __u32 pad;
+  __u64 group;           /* the parallelism group (PS_GROUP_*): tgid, cgroup v2 id or tree root */
 };
-PS_STATIC_ASSERT(sizeof(struct ps_oncpu_key) == 56, "ps_oncpu_key layout");
+PS_STATIC_ASSERT(sizeof(struct ps_oncpu_key) == 64, "ps_oncpu_key layout");
+
+/* --latency-group (SPEC section 2): what shares one parallelism count, the key of ps_running.
+ *  - PS_GROUP_PROCESS: the tgid. The entry goes with the process's last thread (exit hook).
+ *  - PS_GROUP_CGROUP: the id of the task's cgroup on the default (v2) hierarchy,
+ *    task->cgroups->dfl_cgrp->kn->id (what bpf_get_current_cgroup_id() returns, and the inode
+ *    number of the cgroup's directory in cgroup2fs). The entry goes when the cgroup is removed
+ *    (tracepoints cgroup:cgroup_rmdir, and cgroup_release when the kernel frees it).
+ *  - PS_GROUP_TREE: the tgid of the tree's root, the value of the process's ps_pid_filter entry.
+ *    A new process joins its parent's tree at fork (sched_process_fork, before it first runs)
+ *    and leaves it at its last thread's exit; the root's count lives as long as the agent (one
+ *    root per command mode run).
+ * So ps_running holds at most one entry per live process, live cgroup or root (bounded by
+ * PS_RUNNING_ENTRIES; an insert beyond it is counted, PS_CTR_RUNNING_MAP_FULL). */
+#define PS_GROUP_PROCESS 0
+#define PS_GROUP_CGROUP 1
+#define PS_GROUP_TREE 2
 
 /* ps_oncpu_key.flags: parallelism could be wrong, because when the sample was taken some CPU had
  * not been seen switching or sampling since attach (its task's process was not counted). */
@@ -216,8 +233,9 @@ struct ps_cpu_state {
   __u32 carry_exec_id;
   __u32 in_running;   /* 1 when the task is counted in ps_running (counted, and the entry was
                          there or could be made: bpf/common.bpf.h ps_running_add) */
+  __u64 group;        /* the ps_running key the task is counted under (PS_GROUP_*) */
 };
-PS_STATIC_ASSERT(sizeof(struct ps_cpu_state) == 88, "ps_cpu_state layout");
+PS_STATIC_ASSERT(sizeof(struct ps_cpu_state) == 96, "ps_cpu_state layout");
 
 /* Switches the sched_switch tracepoint did not report. On some hosts the tracepoint misses a
  * share of switches (seen on a PVM guest: switches out of the host agent's threads, ~2-7% of all
@@ -273,7 +291,12 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
                                           (a mapping the process's list lacks yet) */
 #define PS_CTR_UNWIND_VMA_CACHE_FULL 28 /* an exec found ps_vma_cache full: that image's walks
                                           look up one unlisted file each */
-#define PS_CTR_NUM 29
+#define PS_CTR_GROUPS_MADE 29          /* ps_running entries inserted (parallelism groups) */
+#define PS_CTR_GROUPS_RELEASED 30      /* ps_running entries deleted (process exit, cgroup release) */
+#define PS_CTR_TREE_JOINED 31          /* processes that joined a tree at fork (command mode) */
+#define PS_CTR_TREE_LEFT 32            /* tree members whose last thread exited */
+#define PS_CTR_TREE_FULL 33            /* forks not followed: ps_pid_filter was full */
+#define PS_CTR_NUM 34
 
 /* Default capacities; the daemon sizes ps_stacks<N> and ps_oncpu<N> before load from the CPU count,
  * frequency and window, ps_sched_stacks<N> by whether off-CPU stacks are taken, and ps_threads
@@ -283,7 +306,8 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_STACK_MAP_ENTRIES 4096
 #define PS_SCHED_STACK_MAP_ENTRIES 8192 /* off-CPU stacks per buffer (ps_sched_stacks<N>) */
 #define PS_ONCPU_MAP_ENTRIES 4096
-#define PS_PID_FILTER_ENTRIES 1024
+#define PS_PID_FILTER_ENTRIES 1024   /* --pid targets; command mode sizes it PS_TREE_ENTRIES */
+#define PS_TREE_ENTRIES 32768        /* live processes of a command mode tree */
 #define PS_THREAD_MAP_ENTRIES 65536  /* at most, threads tracked off-CPU at once (preallocated,
                                         ~208 bytes each; sized by the daemon) */
 #define PS_RUNNING_ENTRIES 32768     /* processes with a parallelism count */

@@ -23,6 +23,11 @@
 
 /* Set by the daemon before load (rodata): 1 to record only tgids present in ps_pid_filter. */
 const volatile __u32 ps_cfg_filter_tgid = 0;
+/* --latency-group: PS_GROUP_* (abi.h), the key of ps_running. */
+const volatile __u32 ps_cfg_group = PS_GROUP_PROCESS;
+/* Command mode: a process forked by a tracked one is tracked too, in its parent's tree
+ * (oncpu.bpf.c ps_process_fork). */
+const volatile __u32 ps_cfg_follow_forks = 0;
 
 /* Per-CPU failure/activity counters indexed by PS_CTR_* (abi.h); summed by the daemon. */
 struct {
@@ -41,11 +46,12 @@ struct {
   __type(value, struct ps_control);
 } ps_control SEC(".maps");
 
+/* The processes to record when ps_cfg_filter_tgid: --pid targets, or command mode's tree. */
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
-  __uint(max_entries, PS_PID_FILTER_ENTRIES);
+  __uint(max_entries, PS_PID_FILTER_ENTRIES); /* resized by the daemon before load */
   __type(key, __u32);   /* tgid */
-  __type(value, __u8);  /* unused */
+  __type(value, __u64); /* the tree's root tgid (PS_GROUP_TREE); unused otherwise */
 } ps_pid_filter SEC(".maps");
 
 /* Maps written from NMI context. With a hardware PMU the on-CPU sampler runs in NMI context, so
@@ -81,11 +87,11 @@ struct ps_stack_map {
 };
 PS_STATIC_ASSERT(PS_NUM_BUFFERS == 2, "one map set per buffer");
 
-/* Parallelism: threads of each tgid currently on a CPU. */
+/* Parallelism: threads of each group (abi.h PS_GROUP_*) currently on a CPU. */
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
   __uint(max_entries, PS_RUNNING_ENTRIES);
-  __type(key, __u32);   /* tgid */
+  __type(key, __u64);   /* group: tgid, cgroup v2 id or tree root (abi.h PS_GROUP_*) */
   __type(value, __s64); /* running threads */
 } ps_running SEC(".maps");
 
@@ -146,13 +152,29 @@ static __always_inline int ps_tgid_tracked(__u32 tgid) {
   return !ps_cfg_filter_tgid || bpf_map_lookup_elem(&ps_pid_filter, &tgid) != 0;
 }
 
-/* Adds delta to the running-thread count of tgid; returns 1 when it did. A missing entry is
+/* The parallelism group of `task` (of process `tgid`): abi.h PS_GROUP_*; 0 for none (no tgid, cgroup
+ * id or tree root is 0). A tree member whose filter entry its last thread's exit deleted a moment
+ * ago has none: it is not counted, rather than counted in a group nothing would delete. */
+static __always_inline __u64 ps_group_of(struct task_struct *task, __u32 tgid) {
+  if (ps_cfg_group == PS_GROUP_CGROUP)
+    return BPF_CORE_READ(task, cgroups, dfl_cgrp, kn, id);
+  if (ps_cfg_group == PS_GROUP_TREE) {
+    __u64 *root = bpf_map_lookup_elem(&ps_pid_filter, &tgid);
+    return root ? *root : 0;
+  }
+  return tgid;
+}
+
+/* Adds delta to the running-thread count of `group`; returns 1 when it did. A missing entry is
  * created at 0 for an increment when `may_insert` (never from the sampler: "Maps written from NMI
  * context" above), else the increment is dropped and counted (PS_CTR_RUNNING_UNCOUNTED). A
- * decrement of a missing entry is dropped: the process's last thread exited and its entry went
- * with it (sched.bpf.c ps_on_exit) before that thread's final switch-out. */
-static __always_inline int ps_running_add(__u32 tgid, __s64 delta, int may_insert) {
-  __s64 *n = bpf_map_lookup_elem(&ps_running, &tgid);
+ * decrement of a missing entry is dropped: the group ended and its entry went with it (its
+ * process's last thread exited, sched.bpf.c ps_on_exit; or its cgroup was released) before
+ * the thread's final switch-out. */
+static __always_inline int ps_running_add(__u64 group, __s64 delta, int may_insert) {
+  if (group == 0)
+    return 0; /* no group (ps_group_of) */
+  __s64 *n = bpf_map_lookup_elem(&ps_running, &group);
   if (!n) {
     if (delta < 0)
       return 0;
@@ -161,12 +183,14 @@ static __always_inline int ps_running_add(__u32 tgid, __s64 delta, int may_inser
       return 0;
     }
     __s64 zero = 0;
-    long err = bpf_map_update_elem(&ps_running, &tgid, &zero, BPF_NOEXIST);
+    long err = bpf_map_update_elem(&ps_running, &group, &zero, BPF_NOEXIST);
     if (err && err != -EEXIST) {
       ps_count_insert_error(err, PS_CTR_RUNNING_MAP_FULL);
       return 0;
     }
-    n = bpf_map_lookup_elem(&ps_running, &tgid);
+    if (!err)
+      ps_count(PS_CTR_GROUPS_MADE);
+    n = bpf_map_lookup_elem(&ps_running, &group);
     if (!n)
       return 0;
   }
@@ -237,13 +261,14 @@ static __always_inline __u32 ps_exec_id(struct task_struct *task) {
 }
 
 /* Makes `cs` (this CPU's entry) record task `tid` of `tgid` as on the CPU since in_ns, tracked
- * (on-CPU time, and a ps_running increment) when `counted`; `may_insert` as in ps_running_add.
+ * (on-CPU time, and an increment of its group's ps_running count) when `counted`; `may_insert` as
+ * in ps_running_add.
  * The caller has already returned the old record's count (when cs->in_running). Only this CPU
  * writes its entry; `counted` is cleared first and set last so that the daemon's ScanCpus never
  * pairs one task's switch-in time with another task's process. */
 static __always_inline void ps_cpu_record(struct ps_cpu_state *cs, __u32 tid, __u32 tgid,
-                                          __u64 tgid_start_ns, __u32 exec_id, __u64 in_ns,
-                                          int counted, int may_insert) {
+                                          __u64 group, __u64 tgid_start_ns, __u32 exec_id,
+                                          __u64 in_ns, int counted, int may_insert) {
   cs->counted = 0;
   cs->in_running = 0;
   ps_barrier();
@@ -252,10 +277,11 @@ static __always_inline void ps_cpu_record(struct ps_cpu_state *cs, __u32 tid, __
   cs->tgid_start_ns = counted ? tgid_start_ns : 0;
   cs->exec_id = exec_id;
   cs->in_ns = in_ns;
+  cs->group = group;
   ps_barrier();
   cs->counted = counted;
   if (counted)
-    cs->in_running = ps_running_add(tgid, 1, may_insert);
+    cs->in_running = ps_running_add(group, 1, may_insert);
 }
 
 /* Estimated time of a switch the tracepoint did not report on this CPU: it happened after the

@@ -101,13 +101,14 @@ static __always_inline int ps_sample(struct bpf_perf_event_data *ctx, const int 
   __u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
   struct task_struct *task = (struct task_struct *)bpf_get_current_task();
   int tracked = tid != 0 && ps_tgid_tracked(tgid);
+  __u64 group = tracked ? ps_group_of(task, tgid) : 0;
 
   if (ps_cfg_parallelism) {
     __u64 now = bpf_ktime_get_ns();
     if (ps_cpu_first_seen(cs, ctl)) {
       /* First sight of this CPU since attach: the interrupted task has been running since
        * before attach and no switch counted it yet. */
-      ps_cpu_record(cs, tid, tgid, BPF_CORE_READ(task, group_leader, start_boottime),
+      ps_cpu_record(cs, tid, tgid, group, BPF_CORE_READ(task, group_leader, start_boottime),
                     ps_exec_id(task), now, tracked, /*may_insert=*/0);
     } else if (cs->tid != tid && !cs->in_switch && now - cs->in_ns > PS_REPAIR_MIN_AGE_NS) {
       /* The interrupted task came in by a switch the tracepoint did not report (abi.h, "Switches
@@ -115,8 +116,8 @@ static __always_inline int ps_sample(struct bpf_perf_event_data *ctx, const int 
        * sched_switch and the switch itself, where an NMI sample still sees prev running. */
       ps_count(PS_CTR_SAMPLE_REPAIRS);
       if (cs->in_running)
-        ps_running_add(cs->tgid, -1, 0);
-      ps_cpu_record(cs, tid, tgid, BPF_CORE_READ(task, group_leader, start_boottime),
+        ps_running_add(cs->group, -1, 0);
+      ps_cpu_record(cs, tid, tgid, group, BPF_CORE_READ(task, group_leader, start_boottime),
                     ps_exec_id(task), ps_unseen_switch_ns(cs, now), tracked, /*may_insert=*/0);
     }
     cs->sample_ns = now;
@@ -137,8 +138,13 @@ static __always_inline int ps_sample(struct bpf_perf_event_data *ctx, const int 
   key.tgid_start_ns = BPF_CORE_READ(task, group_leader, start_boottime);
   key.exec_id = ps_exec_id(task);
   key.parallelism = 1;
+  key.group = group;
   if (ps_cfg_parallelism) {
-    __s64 *n = bpf_map_lookup_elem(&ps_running, &tgid);
+    /* The count of the group this CPU's record counts the task in (a task moved to another
+     * cgroup while running is counted in its old one until it switches out). */
+    __u64 counted_in = cs->tid == tid && cs->in_running ? cs->group : group;
+    key.group = counted_in;
+    __s64 *n = bpf_map_lookup_elem(&ps_running, &counted_in);
     if (n && *n > 1)
       key.parallelism = *n > 0xffffffffLL ? 0xffffffffU : (__u32)*n;
     if (ctl->unknown_cpus > 0) {
@@ -242,6 +248,40 @@ int BPF_PROG(ps_process_exit_vma, struct task_struct *task) {
   if (BPF_CORE_READ(task, signal, live.counter) == 0) {
     __u32 tgid = BPF_CORE_READ(task, tgid);
     bpf_map_delete_elem(&ps_vma_cache, &tgid);
+  }
+  return 0;
+}
+
+/* Command mode (ps_cfg_follow_forks): a new process forked by a tracked one is tracked too, in its
+ * parent's tree (abi.h PS_GROUP_TREE). The tracepoint runs in the parent after copy_process()
+ * and before wake_up_new_task() (kernel/fork.c kernel_clone), so the child's first instant is
+ * already tracked. A new thread (same tgid) changes nothing. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(ps_process_fork, struct task_struct *parent, struct task_struct *child) {
+  __u32 parent_tgid = BPF_CORE_READ(parent, tgid), child_tgid = BPF_CORE_READ(child, tgid);
+  if (child_tgid == parent_tgid || BPF_CORE_READ(child, pid) != child_tgid)
+    return 0;
+  __u64 *root = bpf_map_lookup_elem(&ps_pid_filter, &parent_tgid);
+  if (!root)
+    return 0;
+  __u64 r = *root;
+  long err = bpf_map_update_elem(&ps_pid_filter, &child_tgid, &r, BPF_NOEXIST);
+  if (!err)
+    ps_count(PS_CTR_TREE_JOINED);
+  else if (err != -EEXIST)
+    ps_count_insert_error(err, PS_CTR_TREE_FULL);
+  return 0;
+}
+
+/* Command mode: a tree member leaves the tree with its last thread (signal->live reaches 0 in
+ * do_exit before this tracepoint, kernel/exit.c), so the filter holds live processes only and a
+ * later process that gets the pid is not tracked. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(ps_process_exit_tree, struct task_struct *task) {
+  if (BPF_CORE_READ(task, signal, live.counter) == 0) {
+    __u32 tgid = BPF_CORE_READ(task, tgid);
+    if (bpf_map_delete_elem(&ps_pid_filter, &tgid) == 0)
+      ps_count(PS_CTR_TREE_LEFT);
   }
   return 0;
 }

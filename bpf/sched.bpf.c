@@ -325,7 +325,7 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
     if (cs->tid == prev_tid) {
       prev_in_ns = cs->in_ns;
       if (cs->in_running)
-        ps_running_add(cs->tgid, -1, 0);
+        ps_running_add(cs->group, -1, 0);
       if (cs->counted && prev_tid != 0) {
         ps_add_runtime(cs, cs->tgid, cs->tgid_start_ns, cs->exec_id, cs->in_ns, now, ws, buf, 1);
       }
@@ -334,7 +334,7 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
        * its count) and prev came in unseen. */
       ps_count(PS_CTR_SWITCH_CHAIN_BREAKS);
       if (cs->in_running)
-        ps_running_add(cs->tgid, -1, 0);
+        ps_running_add(cs->group, -1, 0);
       prev_in_ns = ps_unseen_switch_ns(cs, now);
       if (prev_tracked)
         ps_add_runtime(cs, prev_tgid, BPF_CORE_READ(prev, group_leader, start_boottime),
@@ -347,11 +347,14 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
     now = bpf_ktime_get_ns(); /* next comes in after prev's stack walks */
   }
 
-  /* next enters. */
+  /* next enters. A process whose last thread is exiting (signal->live is 0 from do_exit on,
+   * kernel/exit.c) makes no new count: its exit hook deleted the count, and a thread preempted
+   * between that hook and its final switch-out would otherwise make one nothing deletes. */
   int counted = next_tid != 0 && ps_tgid_tracked(next_tgid);
-  ps_cpu_record(cs, next_tid, next_tgid,
+  const int may_insert = !counted || BPF_CORE_READ(next, signal, live.counter) != 0;
+  ps_cpu_record(cs, next_tid, next_tgid, counted ? ps_group_of(next, next_tgid) : 0,
                 counted ? BPF_CORE_READ(next, group_leader, start_boottime) : 0,
-                counted ? ps_exec_id(next) : 0, now, counted, /*may_insert=*/1);
+                counted ? ps_exec_id(next) : 0, now, counted, may_insert);
   if (counted && ps_cfg_offcpu)
     ps_switch_in(next, next_tid, now, ws, buf);
   ps_barrier();
@@ -385,15 +388,17 @@ int BPF_PROG(ps_sched_switch3, bool preempt, struct task_struct *prev, struct ta
   return rc;
 }
 
-/* Gives tgid a ps_running entry (count 0) unless it has one: the sampler, which may find the
- * process's threads running before any switch showed them, only adds to existing entries
+/* Gives `group` a ps_running entry (count 0) unless it has one: the sampler, which may find the
+ * group's threads running before any switch showed them, only adds to existing entries
  * (common.bpf.h, "Maps written from NMI context"). */
-static __always_inline void ps_running_seed(__u32 tgid) {
-  if (bpf_map_lookup_elem(&ps_running, &tgid))
+static __always_inline void ps_running_seed(__u64 group) {
+  if (group == 0 || bpf_map_lookup_elem(&ps_running, &group))
     return;
   __s64 zero = 0;
-  long err = bpf_map_update_elem(&ps_running, &tgid, &zero, BPF_NOEXIST);
-  if (err && err != -EEXIST)
+  long err = bpf_map_update_elem(&ps_running, &group, &zero, BPF_NOEXIST);
+  if (!err)
+    ps_count(PS_CTR_GROUPS_MADE);
+  else if (err != -EEXIST)
     ps_count_insert_error(err, PS_CTR_RUNNING_MAP_FULL);
 }
 
@@ -413,7 +418,7 @@ int ps_seed_threads(struct bpf_iter__task *ctx) {
   __u32 tid = task->pid, tgid = task->tgid;
   if (tid == 0 || !ps_tgid_tracked(tgid))
     return 0;
-  ps_running_seed(tgid);
+  ps_running_seed(ps_group_of(task, tgid));
   if (!ps_cfg_offcpu || task->on_cpu)
     return 0;
   if (bpf_map_lookup_elem(&ps_threads, &tid))
@@ -448,13 +453,17 @@ int ps_seed_threads(struct bpf_iter__task *ctx) {
   return 0;
 }
 
-/* Process exit: forget the thread, and the process's parallelism entry once its last thread
- * exits (signal->live reaches 0 in do_exit before this tracepoint, kernel/exit.c). */
+/* Process exit: forget the thread and, per process (PS_GROUP_PROCESS), the process's parallelism
+ * entry once its last thread exits (signal->live reaches 0 in do_exit before this tracepoint,
+ * kernel/exit.c). */
 static __always_inline int ps_on_exit(struct task_struct *task) {
   __u32 tid = BPF_CORE_READ(task, pid), tgid = BPF_CORE_READ(task, tgid);
   bpf_map_delete_elem(&ps_threads, &tid);
-  if (BPF_CORE_READ(task, signal, live.counter) == 0)
-    bpf_map_delete_elem(&ps_running, &tgid);
+  if (ps_cfg_group == PS_GROUP_PROCESS && BPF_CORE_READ(task, signal, live.counter) == 0) {
+    __u64 group = tgid;
+    if (bpf_map_delete_elem(&ps_running, &group) == 0)
+      ps_count(PS_CTR_GROUPS_RELEASED);
+  }
   return 0;
 }
 
@@ -464,4 +473,31 @@ int BPF_PROG(ps_process_exit, struct task_struct *task) {
   int rc = ps_on_exit(task);
   ps_leave();
   return rc;
+}
+
+/* --latency-group=cgroup: a cgroup's parallelism entry goes when the cgroup is removed. rmdir
+ * succeeds only on a cgroup without live tasks (kernel/cgroup/cgroup.c cgroup_destroy_locked:
+ * -EBUSY while populated), so no thread is counted in it any more: tp_btf/cgroup_rmdir deletes
+ * the entry then. The kernel frees the cgroup itself later, when the last reference goes (a
+ * dying memory cgroup can hold it for long: css_release_work_fn, tracepoint cgroup_release);
+ * that hook deletes again, for an entry a task still exiting from it made meanwhile. Only
+ * cgroups of the default hierarchy are groups; its hierarchy_id is 0 (the "0::" line of
+ * /proc/PID/cgroup, cgroup_init_root_id), and v1 hierarchies number their own kernfs ids. */
+static __always_inline int ps_cgroup_gone(struct cgroup *cgrp) {
+  if (BPF_CORE_READ(cgrp, root, hierarchy_id) != 0)
+    return 0;
+  __u64 group = BPF_CORE_READ(cgrp, kn, id);
+  if (bpf_map_delete_elem(&ps_running, &group) == 0)
+    ps_count(PS_CTR_GROUPS_RELEASED);
+  return 0;
+}
+
+SEC("tp_btf/cgroup_rmdir")
+int BPF_PROG(ps_cgroup_rmdir, struct cgroup *cgrp) { /* the second argument, path, unread */
+  return ps_cgroup_gone(cgrp);
+}
+
+SEC("tp_btf/cgroup_release")
+int BPF_PROG(ps_cgroup_release, struct cgroup *cgrp) {
+  return ps_cgroup_gone(cgrp);
 }

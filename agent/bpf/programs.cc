@@ -93,8 +93,21 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
       rc) {
     return LibbpfError(rc, "sizing the unwind table map");
   }
-  skel->rodata->ps_cfg_filter_tgid = options.tgids.empty() ? 0 : 1;
+  const bool follow_forks = options.tree_root != 0;
+  const bool filter = !options.tgids.empty() || follow_forks;
+  skel->rodata->ps_cfg_filter_tgid = filter ? 1 : 0;
   skel->rodata->ps_cfg_parallelism = options.sched ? 1 : 0;
+  skel->rodata->ps_cfg_group = options.latency_group;
+  skel->rodata->ps_cfg_follow_forks = follow_forks ? 1 : 0;
+  // The fork and exit hooks of command mode's tree (bpf/oncpu.bpf.c), and the filter sized for
+  // the tree's live processes (16 bytes each).
+  bpf_program__set_autoload(skel->progs.ps_process_fork, follow_forks);
+  bpf_program__set_autoload(skel->progs.ps_process_exit_tree, follow_forks);
+  if (follow_forks) {
+    if (int rc = bpf_map__set_max_entries(skel->maps.ps_pid_filter, PS_TREE_ENTRIES); rc) {
+      return LibbpfError(rc, "sizing the pid filter map");
+    }
+  }
   // The sampler variant: with bpf_find_vma (Linux 5.17+) a pc outside its process's known
   // mappings is unwound through its file's table (bpf/unwind.bpf.h), so the first samples after
   // ld.so maps a library, or of a process the daemon has not read yet, are whole.
@@ -128,7 +141,15 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   if (ctl == MAP_FAILED) return ErrnoStatus(errno, "mmap ps_control");
   self->control_ = static_cast<ps_control*>(ctl);
 
-  uint8_t one = 1;
+  self->tree_root_ = options.tree_root;
+  if (follow_forks) {
+    const uint64_t root = options.tree_root;
+    if (bpf_map__update_elem(skel->maps.ps_pid_filter, &options.tree_root,
+                             sizeof(options.tree_root), &root, sizeof(root), BPF_ANY)) {
+      return ErrnoStatus(errno, "adding the command to the pid filter map");
+    }
+  }
+  uint64_t one = 1;  // the value is read only in command mode (the tree's root)
   for (uint32_t tgid : options.tgids) {
     if (bpf_map__update_elem(skel->maps.ps_pid_filter, &tgid, sizeof(tgid), &one, sizeof(one),
                              BPF_ANY)) {
@@ -149,7 +170,9 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   if (self->sched_ != nullptr) {
     for (bpf_program* p : {self->sched_->progs.ps_sched_switch,
                            self->sched_->progs.ps_sched_switch3,
-                           self->sched_->progs.ps_process_exit}) {
+                           self->sched_->progs.ps_process_exit,
+                           self->sched_->progs.ps_cgroup_release,
+                           self->sched_->progs.ps_cgroup_rmdir}) {
       if (!bpf_program__autoload(p)) continue;  // the sched_switch variant not chosen
       bpf_link* link = bpf_program__attach(p);
       if (link == nullptr) {
@@ -160,7 +183,8 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   }
   // The exit hook before the exec hook: an entry made by an exec is always deleted at the exit.
   for (bpf_program* p : {skel->progs.ps_process_exit_vma, skel->progs.ps_process_exec,
-                         skel->progs.ps_process_exec_vma}) {
+                         skel->progs.ps_process_exec_vma, skel->progs.ps_process_fork,
+                         skel->progs.ps_process_exit_tree}) {
     if (!bpf_program__autoload(p)) continue;  // the variant not chosen
     bpf_link* link = bpf_program__attach(p);
     if (link == nullptr) {
@@ -228,7 +252,15 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
       return LibbpfError(rc, "sizing the off-CPU stack maps");
     }
   }
-  sched_->rodata->ps_cfg_filter_tgid = options.tgids.empty() ? 0 : 1;
+  const bool follow_forks = options.tree_root != 0;
+  sched_->rodata->ps_cfg_filter_tgid = !options.tgids.empty() || follow_forks ? 1 : 0;
+  sched_->rodata->ps_cfg_group = options.latency_group;
+  sched_->rodata->ps_cfg_follow_forks = follow_forks ? 1 : 0;
+  // The cgroup release hook only where cgroups are the groups.
+  bpf_program__set_autoload(sched_->progs.ps_cgroup_release,
+                            options.latency_group == PS_GROUP_CGROUP);
+  bpf_program__set_autoload(sched_->progs.ps_cgroup_rmdir,
+                            options.latency_group == PS_GROUP_CGROUP);
   sched_->rodata->ps_cfg_offcpu = options.offcpu ? 1 : 0;
   sched_->rodata->ps_cfg_min_offcpu_ns = options.min_offcpu_ns;
   sched_->rodata->ps_cfg_stack_rate = options.offcpu_stack_rate;
@@ -409,7 +441,9 @@ absl::Status BpfPrograms::StartUnwinder(const Options& options) {
       },
       "/proc", options.processes);
   const int64_t t0 = MonotonicNowNs();
-  unwinder_->Start(options.tgids);
+  // Command mode: nothing yet (the command's process is still the agent's fork; its exec asks
+  // for CMD's tables, bpf/oncpu.bpf.c ps_on_exec).
+  unwinder_->Start(options.tgids, /*preload=*/options.tree_root == 0);
   unwind::UnwindTableStats st = unwinder_->stats();
   Log(LogLevel::kInfo,
       "unwind tables: %d processes, %d files, %d KiB of %d KiB, built in %.0f ms (%.0f ms in all)",
@@ -523,11 +557,15 @@ void BpfPrograms::StopTracking(uint32_t tgid) {
   bpf_map__delete_elem(oncpu_->maps.ps_pid_filter, &tgid, sizeof(tgid), 0);
 }
 
+
+
 std::vector<BpfPrograms::ProgramStats> BpfPrograms::ProgramRunTimes() const {
   std::vector<ProgramStats> out;
   std::vector<const bpf_program*> progs = {oncpu_->progs.ps_on_cpu_sample,
                                            oncpu_->progs.ps_on_cpu_sample_vma,
-                                           oncpu_->progs.ps_process_exec};
+                                           oncpu_->progs.ps_process_exec,
+                                           oncpu_->progs.ps_process_exec_vma,
+                                           oncpu_->progs.ps_process_fork};
   if (sched_ != nullptr) {
     progs.insert(progs.end(), {sched_->progs.ps_sched_switch, sched_->progs.ps_sched_switch3,
                                sched_->progs.ps_process_exit});

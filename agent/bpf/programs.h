@@ -66,6 +66,12 @@ class BpfPrograms : public WindowSource {
     // Bytes of BPF array memory for unwind table rows (bpf/abi.h struct ps_unwind_row, 16
     // bytes each); allocated at load, charged to the agent's memory cgroup.
     uint64_t unwind_table_bytes = uint64_t{PS_UNWIND_ROW_ENTRIES} * sizeof(ps_unwind_row);
+    // --latency-group: what shares one parallelism count (bpf/abi.h PS_GROUP_*).
+    uint32_t latency_group = PS_GROUP_PROCESS;
+    // Command mode (non-zero): only the process tree_root and its descendants are recorded, as
+    // one tree (parallelism group PS_GROUP_TREE keyed by tree_root): a process a tracked one
+    // forks joins the tree (bpf/oncpu.bpf.c ps_process_fork). `tgids` must be empty.
+    uint32_t tree_root = 0;
     // Snapshotted by the unwinder's thread at each process image's first event (borrowed, must
     // outlive the BpfPrograms; may be null).
     proc::ProcessTable* processes = nullptr;
@@ -97,6 +103,8 @@ class BpfPrograms : public WindowSource {
   };
   std::vector<ProgramStats> ProgramRunTimes() const;
 
+  // Command mode's tree root (Options::tree_root), 0 otherwise.
+  uint32_t tree_root() const { return tree_root_; }
   const std::string& event_name() const { return events_.name; }
   bool period_is_ns() const { return events_.period_is_ns; }
   size_t num_cpus() const { return events_.cpus.size(); }
@@ -134,6 +142,7 @@ class BpfPrograms : public WindowSource {
   bpf_program* sampler_ = nullptr;  // the perf_event program loaded: ps_on_cpu_sample[_vma]
   sched_bpf* sched_ = nullptr;
   std::string sched_kind_;
+  uint32_t tree_root_ = 0;
   SamplingEvents events_;
   std::vector<bpf_link*> links_;
   ps_control* control_ = nullptr;  // mmap'ed ps_control

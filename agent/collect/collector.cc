@@ -80,6 +80,7 @@ void Collector::DrainBuffer(uint32_t index, WindowData* out) {
     r.thread_name.assign(v.comm, strnlen(v.comm, sizeof(v.comm)));
     ResolveStacks(k.kernel_stack, k.kernel_stack_err, k.user_stack, k.user_stack_err, &r.stacks);
     r.parallelism = std::max<uint32_t>(k.parallelism, 1);
+    r.group = k.group;
     r.parallelism_unknown = (k.flags & PS_SAMPLE_PARALLELISM_UNKNOWN) != 0;
     r.count = v.count;
     r.period_sum = v.period_sum;

@@ -30,7 +30,9 @@ struct OnCpuRecord {
   uint32_t tid = 0;
   std::string thread_name;       // task comm at the first sample of the window
   StackPair stacks;
-  uint32_t parallelism = 1;      // threads of the process on a CPU at the sample instant (>= 1)
+  uint32_t parallelism = 1;      // threads of the group on a CPU at the sample instant (>= 1)
+  uint64_t group = 0;            // the group parallelism was counted over (bpf/abi.h PS_GROUP_*:
+                                 // tgid, cgroup v2 id or tree root tgid)
   bool parallelism_unknown = false;  // some CPU's task was not yet known (attached mid-run)
   uint64_t count = 0;            // samples
   uint64_t period_sum = 0;       // sum of sample periods, in the event's unit

@@ -60,6 +60,19 @@ absl::Status Config::Validate() const {
     return absl::InvalidArgumentError(
         "--basic-auth-password-file: needs --basic-auth-user as well");
   }
+  if (latency_group == LatencyGroup::kTree && command.empty()) {
+    return absl::InvalidArgumentError(
+        "--latency-group: tree needs command mode (parascope [flags] -- CMD ARGS...)");
+  }
+  if (!command.empty() && !pids.empty()) {
+    return absl::InvalidArgumentError(
+        "--pid: cannot be combined with a command (command mode profiles the command's "
+        "processes)");
+  }
+  if (latency_group == LatencyGroup::kCgroup && !profiles.has(ProfileType::kLatency)) {
+    return absl::InvalidArgumentError(
+        "--latency-group: cgroup needs the latency profile (--profiles=...,latency)");
+  }
   if (pids.size() > PS_PID_FILTER_ENTRIES) {
     return absl::InvalidArgumentError(absl::StrCat("--pid: at most ", PS_PID_FILTER_ENTRIES,
                                                    " pids, got ", pids.size()));

@@ -25,6 +25,14 @@ struct Config {
   std::vector<uint32_t> pids;
   // Which profiles to build (--profiles).
   ProfileTypes profiles;
+  // --latency-group (SPEC section 2): what shares one parallelism count. kProcess: each process
+  // (tgid); kCgroup: each cgroup v2 (latency profiles are then written per cgroup); kTree: a
+  // process and its descendants (command mode only).
+  enum class LatencyGroup { kProcess, kCgroup, kTree };
+  LatencyGroup latency_group = LatencyGroup::kProcess;
+  // Command mode (`parascope [flags] -- CMD ARGS...`): the command to run; it and every process
+  // it starts are profiled as one tree until it exits. Empty: the daemon.
+  std::vector<std::string> command;
   // Off-CPU intervals shorter than this are ignored (--off-cpu-min-duration).
   absl::Duration off_cpu_min_duration = absl::ZeroDuration();
   // Off-CPU stack captures per second per thread before stacks are sampled with unbiased weights

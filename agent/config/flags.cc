@@ -17,13 +17,14 @@ std::string Underscored(absl::string_view name) { return absl::StrReplaceAll(nam
 
 }  // namespace
 
-absl::Status ParseFlags(int argc, char** argv, std::vector<std::string>* positional, bool* help) {
+absl::Status ParseFlags(int argc, char** argv, std::vector<std::string>* positional, bool* help,
+                        std::vector<std::string>* command) {
   *help = false;
   std::set<std::string> seen_lists;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--") {
-      for (++i; i < argc; ++i) positional->push_back(argv[i]);
+      for (++i; i < argc; ++i) (command != nullptr ? command : positional)->push_back(argv[i]);
       break;
     }
     if (!absl::StartsWith(arg, "-") || arg == "-") {

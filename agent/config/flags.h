@@ -16,10 +16,13 @@ namespace parascope {
 
 // Parses `--name=value`, `--name value`, `--bool_flag`, `--nobool_flag` (dashes or underscores in
 // names). A std::vector<std::string> flag given several times accumulates its values (Abseil
-// parses a comma-separated list, so an item cannot itself contain a comma). Stops at `--`; other arguments go to *positional. `--help` sets *help. Errors are
+// parses a comma-separated list, so an item cannot itself contain a comma). Stops at `--`: the
+// arguments after it go to *command when given (command mode, `parascope -- CMD ARGS...`), else
+// to *positional; other arguments go to *positional. `--help` sets *help. Errors are
 // InvalidArgument naming the flag as the user spelled it, e.g.
 // "--sampling-frequency: Illegal value 'abc' specified for flag 'sampling_frequency'".
-absl::Status ParseFlags(int argc, char** argv, std::vector<std::string>* positional, bool* help);
+absl::Status ParseFlags(int argc, char** argv, std::vector<std::string>* positional, bool* help,
+                        std::vector<std::string>* command = nullptr);
 
 // Help text listing every flag registered in files matching `file_substring`, dashed names.
 std::string FlagsHelp(const std::string& program, const std::string& file_substring);

@@ -24,18 +24,22 @@ absl::Status MkdirP(const std::string& path) {
 
 }  // namespace
 
-std::string FileExporter::DirFor(const proc::ProcessKey& k) const {
+std::string FileExporter::DirFor(const ProcessProfile& p) const {
+  if (p.group.kind == ProfileGroup::Kind::kCgroup) {
+    return absl::StrCat(dir_, "/cgroup/", p.group.id);
+  }
+  const proc::ProcessKey& k = p.process;
   return absl::StrCat(dir_, "/", k.tgid, "/", proc::BootNsToTicks(k.start_boot_ns), ".", k.exec_id);
 }
 
 std::string FileExporter::PathFor(const ProcessProfile& p) const {
-  return absl::StrCat(DirFor(p.process), "/", p.type, "-", p.profile.time_nanos() / 1000000,
+  return absl::StrCat(DirFor(p), "/", p.type, "-", p.profile.time_nanos() / 1000000,
                       ".pb.gz");
 }
 
 absl::Status FileExporter::Export(const ProcessProfile& p) {
   PS_ASSIGN_OR_RETURN(std::string data, SerializeGzip(p.profile));
-  std::string dir = DirFor(p.process);
+  std::string dir = DirFor(p);
   if (!made_dirs_.contains(dir)) {
     PS_RETURN_IF_ERROR(MkdirP(dir));
     if (made_dirs_.size() >= 65536) made_dirs_.clear();

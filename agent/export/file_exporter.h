@@ -3,7 +3,11 @@
 // <start ticks> is the process's start time as /proc/<pid>/stat field 22 shows it (clock ticks
 // since boot; `ps -o lstart` prints it as a date), so two processes that had one pid never share
 // a directory; <exec id> (bpf/abi.h, "Process identity") changes when the process execs another
-// program, so each program a pid ran has its own directory.
+// program, so each program a pid ran has its own directory. The profiles of a cgroup
+// parallelism group (--latency-group=cgroup: its latency profile) go to
+//   DIR/cgroup/<cgroup id>/<type>-<t0 unix ms>.pb.gz
+// (the id is the inode number of the cgroup's directory in the cgroup2 mount; the profile's
+// comment names its path); a tree's (command mode) go to its root process's directory.
 #pragma once
 
 #include <string>
@@ -25,8 +29,8 @@ class FileExporter : public Exporter {
 
   // The path a profile is written to.
   std::string PathFor(const ProcessProfile& profile) const;
-  // The directory of one process image's profiles.
-  std::string DirFor(const proc::ProcessKey& key) const;
+  // The directory of one process image's (or cgroup group's) profiles.
+  std::string DirFor(const ProcessProfile& profile) const;
 
  private:
   std::string dir_;

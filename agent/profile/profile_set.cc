@@ -58,18 +58,62 @@ ProfileSet::ProfileSet(ProfileOptions options, StackSymbolizer* symbolizer,
                        proc::ProcessTable* processes)
     : options_(std::move(options)), symbolizer_(symbolizer), processes_(processes) {}
 
-ProfileSet::PerProcess& ProfileSet::ForProcess(const proc::ProcessKey& key, uint32_t tid,
-                                               const std::string& comm) {
+ProfileSet::PerProcess& ProfileSet::ForOwner(const proc::ProcessKey& record_process,
+                                             const ProfileOwner* owner, uint32_t tid,
+                                             const std::string& comm) {
+  OwnerKey key;
+  key.process = owner != nullptr ? owner->process : record_process;
+  if (owner != nullptr) {
+    key.kind = owner->group.kind;
+    key.id = owner->group.id;
+  }
   auto [it, inserted] = per_process_.try_emplace(key);
   if (inserted) {
-    auto info = processes_->Get(key);
-    if (info.ok()) {
+    if (owner != nullptr) it->second.group = owner->group;
+    auto info = processes_->Get(key.process);
+    if (key.kind == ProfileGroup::Kind::kCgroup) {
+      it->second.name = owner->group.cgroup_path;  // a cgroup is named by its path
+    } else if (info.ok()) {
       it->second.name = (*info)->comm;
-    } else if (tid == key.tgid) {
+    } else if (tid == key.process.tgid && key.process == record_process) {
       it->second.name = comm;  // exited: the main thread's comm is the best we have
     }
   }
   return it->second;
+}
+
+const ProfileSet::PerProcess::Member& ProfileSet::MemberOf(PerProcess& pp,
+                                                           const proc::ProcessKey& process,
+                                                           uint32_t tid,
+                                                           const std::string& comm) {
+  auto [it, inserted] = pp.members.try_emplace(process);
+  if (inserted) {
+    it->second.slot = static_cast<uint32_t>(pp.members.size());
+    auto info = processes_->Get(process);
+    if (info.ok()) {
+      it->second.name = (*info)->comm;
+    } else {
+      it->second.name = comm;  // exited: a thread's comm is the best we have
+    }
+    (void)tid;
+  }
+  return it->second;
+}
+
+std::vector<LabelSpec> ProfileSet::SampleLabels(PerProcess& pp, const proc::ProcessKey& process,
+                                                const std::string& thread_name, uint32_t tid,
+                                                uint32_t* memo_salt) {
+  std::vector<LabelSpec> labels;
+  *memo_salt = 0;
+  if (pp.group.is_group()) {
+    const PerProcess::Member& m = MemberOf(pp, process, tid, thread_name);
+    *memo_salt = m.slot;
+    labels.push_back(LabelSpec::Str("process", m.name));
+    if (options_.thread_labels) labels.push_back(LabelSpec::Num("pid", process.tgid));
+  }
+  std::vector<LabelSpec> thread = ThreadLabels(thread_name, tid);
+  labels.insert(labels.end(), thread.begin(), thread.end());
+  return labels;
 }
 
 PprofBuilder* ProfileSet::Builder(PerProcess& pp, ProfileType t) {
@@ -158,12 +202,13 @@ uint64_t ProfileSet::LocationOf(PprofBuilder& b, const symbolize::Frame& f) {
 }
 
 void ProfileSet::AppendFrames(PprofBuilder& b, const proc::ProcessKey& process,
-                              absl::Span<const uint64_t> ips, bool kernel,
+                              absl::Span<const uint64_t> ips, bool kernel, uint32_t memo_salt,
                               std::vector<uint64_t>* out) {
   for (size_t i = 0; i < ips.size(); ++i) {
     const bool leaf = i == 0;
-    // Leaf frames are symbolized at ip, callers at ip - 1: one address, two possible lines.
-    const uint32_t kind = (kernel ? 2 : 0) + (leaf ? 0 : 1);
+    // Leaf frames are symbolized at ip, callers at ip - 1: one address, two possible lines. A
+    // user address means something else in each process of a group (the kernel's do not).
+    const uint32_t kind = (kernel ? 2 : 0) + (leaf ? 0 : 1) + (kernel ? 0 : memo_salt << 2);
     // A builder holds one process's profile: an address it has seen needs no new lookup.
     uint64_t loc = b.RememberedLocation(ips[i], kind);
     if (loc == 0) {
@@ -176,15 +221,15 @@ void ProfileSet::AppendFrames(PprofBuilder& b, const proc::ProcessKey& process,
 }
 
 void ProfileSet::Locations(PprofBuilder& b, const proc::ProcessKey& process,
-                           const StackPair& s, std::vector<uint64_t>* out) {
+                           const StackPair& s, uint32_t memo_salt, std::vector<uint64_t>* out) {
   out->clear();
-  AppendFrames(b, process, s.kernel_ips, /*kernel=*/true, out);
+  AppendFrames(b, process, s.kernel_ips, /*kernel=*/true, 0, out);
   if (s.kernel_stack_err == PS_ERR_NOT_CAPTURED) {
     out->push_back(b.AddSyntheticLocation("[kernel stack not captured]"));
   } else if (s.kernel_stack_err != 0) {
     out->push_back(b.AddSyntheticLocation("[unknown kernel]"));
   }
-  AppendFrames(b, process, s.user_ips, /*kernel=*/false, out);
+  AppendFrames(b, process, s.user_ips, /*kernel=*/false, memo_salt, out);
   if (s.user_stack_err == PS_ERR_ASLEEP_AT_ATTACH) {
     out->push_back(b.AddSyntheticLocation("[unknown: asleep since before attach]"));
   } else if (s.user_stack_err == PS_ERR_NOT_CAPTURED) {
@@ -213,8 +258,8 @@ void ProfileSet::ForkWall(PerProcess& pp) {
                                                     {"wall", "nanoseconds"}, options_.period_ns));
 }
 
-void ProfileSet::AddOnCpu(const OnCpuRecord& r) {
-  PerProcess& pp = ForProcess(r.process, r.tid, r.thread_name);
+void ProfileSet::AddOnCpu(const OnCpuRecord& r, const ProfileOwner* owner) {
+  PerProcess& pp = ForOwner(r.process, owner, r.tid, r.thread_name);
   ForkWall(pp);
   pp.has_samples = true;
   const int64_t cpu_ns = options_.period_is_ns ? static_cast<int64_t>(r.period_sum)
@@ -227,11 +272,12 @@ void ProfileSet::AddOnCpu(const OnCpuRecord& r) {
     stats_.samples_parallelism_unknown += r.count;
   }
   CountStackQuality(r.stacks, r.count);
-  std::vector<LabelSpec> thread = ThreadLabels(r.thread_name, r.tid);
+  uint32_t salt = 0;
+  std::vector<LabelSpec> thread = SampleLabels(pp, r.process, r.thread_name, r.tid, &salt);
   for (ProfileType t : {ProfileType::kCpu, ProfileType::kWall, ProfileType::kLatency}) {
     PprofBuilder* b = Builder(pp, t);
     if (b == nullptr) continue;
-    Locations(*b, r.process, r.stacks, &scratch_);
+    Locations(*b, r.process, r.stacks, salt, &scratch_);
     std::vector<LabelSpec> labels;
     if (t == ProfileType::kCpu) {
       int64_t values[2] = {static_cast<int64_t>(r.count), cpu_ns};
@@ -250,7 +296,7 @@ void ProfileSet::AddOnCpu(const OnCpuRecord& r) {
   }
 }
 
-void ProfileSet::AddOffCpu(const OffCpuRecord& record) {
+void ProfileSet::AddOffCpu(const OffCpuRecord& record, const ProfileOwner* owner) {
   if (record.ns == 0) return;
   // Switch-out stacks are captured inside the sched_switch program: drop its own frames.
   OffCpuRecord trimmed;
@@ -262,10 +308,11 @@ void ProfileSet::AddOffCpu(const OffCpuRecord& record) {
     rp = &trimmed;
   }
   const OffCpuRecord& r = *rp;
-  PerProcess& pp = ForProcess(r.process, r.tid, r.thread_name);
+  PerProcess& pp = ForOwner(r.process, owner, r.tid, r.thread_name);
   stats_.offcpu_ns += r.ns;
   std::vector<LabelSpec> labels = {LabelSpec::Str("state", ThreadStateName(r.state))};
-  std::vector<LabelSpec> thread = ThreadLabels(r.thread_name, r.tid);
+  uint32_t salt = 0;
+  std::vector<LabelSpec> thread = SampleLabels(pp, r.process, r.thread_name, r.tid, &salt);
   labels.insert(labels.end(), thread.begin(), thread.end());
   int64_t values[1] = {static_cast<int64_t>(r.ns)};
   CountStackQuality(r.stacks, r.count);
@@ -278,13 +325,19 @@ void ProfileSet::AddOffCpu(const OffCpuRecord& record) {
     }
     PprofBuilder* b = Builder(pp, t);
     if (b == nullptr) continue;
-    Locations(*b, r.process, r.stacks, &scratch_);
+    Locations(*b, r.process, r.stacks, salt, &scratch_);
     b->AddSample(scratch_, values, labels);
   }
 }
 
-void ProfileSet::AddRuntime(const RuntimeRecord& r) {
-  auto it = per_process_.find(r.process);
+void ProfileSet::AddRuntime(const RuntimeRecord& r, const ProfileOwner* owner) {
+  OwnerKey key;
+  key.process = owner != nullptr ? owner->process : r.process;
+  if (owner != nullptr) {
+    key.kind = owner->group.kind;
+    key.id = owner->group.id;
+  }
+  auto it = per_process_.find(key);
   stats_.exact_cpu_ns += r.ns;
   if (it == per_process_.end()) {
     // A process that ran but was not sampled this window: still worth its exact time, but only
@@ -318,8 +371,22 @@ std::vector<ProcessProfile> ProfileSet::Finish(int64_t t0_unix_ns, int64_t durat
             "their parallelism may be undercounted",
             pp.parallelism_unknown));
       }
-      out.push_back(ProcessProfile{key, pp.name, ProfileTypeName(type),
-                                   std::move(*b).Build(t0_unix_ns, duration_ns)});
+      if (pp.group.kind == ProfileGroup::Kind::kCgroup) {
+        b->AddComment(absl::StrCat("parascope: parallelism counted over cgroup ",
+                                   pp.group.cgroup_path.empty() ? absl::StrCat("id ", pp.group.id)
+                                                                : pp.group.cgroup_path,
+                                   " (--latency-group=cgroup)"));
+      } else if (pp.group.kind == ProfileGroup::Kind::kTree) {
+        const std::string& over = pp.group.latency_group.empty() ? std::string("tree")
+                                                                 : pp.group.latency_group;
+        b->AddComment(absl::StrCat(
+            "parascope: the processes of the tree of pid ", pp.group.id,
+            over == "tree" ? ", parallelism counted over the tree"
+                           : absl::StrCat(", parallelism counted per ", over),
+            " (--latency-group=", over, ")"));
+      }
+      out.push_back(ProcessProfile{key.process, pp.name, ProfileTypeName(type),
+                                   std::move(*b).Build(t0_unix_ns, duration_ns), pp.group});
     }
   }
   per_process_.clear();

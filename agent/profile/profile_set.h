@@ -39,12 +39,37 @@ absl::StatusOr<ProfileTypes> ParseProfileTypes(absl::string_view list);
 // "1".."8", "9-16", "17-32", "33-64", "65+" (SPEC section 2, label `parallelism`).
 std::string ParallelismBucket(uint32_t k);
 
-// A finished profile of one process for one window.
+// A parallelism group whose profiles hold the samples of several processes (SPEC section 2,
+// --latency-group=cgroup|tree). Each sample of a group's profile carries the label `process` (the
+// comm of its process) and, with thread labels, `pid` (numeric), so the processes can still be
+// told apart.
+struct ProfileGroup {
+  enum class Kind : uint8_t { kNone = 0, kCgroup = 1, kTree = 2 };
+  Kind kind = Kind::kNone;
+  uint64_t id = 0;          // kCgroup: the cgroup v2 id (its directory's inode); kTree: root tgid
+  std::string cgroup_path;  // kCgroup: its path below the cgroup2 mount, "" if unknown
+  // What parallelism was counted over (--latency-group): "tree", "cgroup" or "process" (a
+  // command mode tree whose latency is counted per process); named in the profiles' comment.
+  std::string latency_group;
+
+  bool is_group() const { return kind != Kind::kNone; }
+};
+
+// Where a record's samples go: the profiles of `process` (group kind kNone, the default), or a
+// group's profiles, reported under `process`: the tree's root, or a member of the cgroup (whose
+// series labels the group's pushed profiles take).
+struct ProfileOwner {
+  proc::ProcessKey process;
+  ProfileGroup group;
+};
+
+// A finished profile of one process (or group, `group`) for one window.
 struct ProcessProfile {
   proc::ProcessKey process;
   std::string process_name;  // comm of the process, "" if it could not be read
   std::string type;          // SPEC `__name__`, e.g. "process_cpu"
   perftools::profiles::Profile profile;
+  ProfileGroup group;        // kind kNone: the profile of `process` alone
 };
 
 struct ProfileOptions {
@@ -80,12 +105,13 @@ class ProfileSet {
  public:
   ProfileSet(ProfileOptions options, StackSymbolizer* symbolizer, proc::ProcessTable* processes);
 
-  // cpu (1 sample, P ns), wall (P ns, state=running), latency (P/k ns, parallelism=k).
-  void AddOnCpu(const OnCpuRecord& record);
+  // cpu (1 sample, P ns), wall (P ns, state=running), latency (P/k ns, parallelism=k). `owner`:
+  // where the samples go (null: the record's process).
+  void AddOnCpu(const OnCpuRecord& record, const ProfileOwner* owner = nullptr);
   // off_cpu and wall: ns with state.
-  void AddOffCpu(const OffCpuRecord& record);
+  void AddOffCpu(const OffCpuRecord& record, const ProfileOwner* owner = nullptr);
   // Exact on-CPU time of a process, shown in its process_cpu comment against the sampled total.
-  void AddRuntime(const RuntimeRecord& record);
+  void AddRuntime(const RuntimeRecord& record, const ProfileOwner* owner = nullptr);
   // Builds every process's profiles for the window [t0_unix_ns, t0_unix_ns + duration_ns) and
   // resets the set for the next window.
   std::vector<ProcessProfile> Finish(int64_t t0_unix_ns, int64_t duration_ns);
@@ -100,17 +126,46 @@ class ProfileSet {
     uint64_t sampled_ns = 0;
     uint64_t parallelism_unknown = 0;
     bool has_samples = false;
+    ProfileGroup group;
+    // A group's member processes: their comm (label `process`) and a slot that keeps their
+    // user addresses apart in the builders' frame memo (two programs, one address).
+    struct Member {
+      uint32_t slot = 0;
+      std::string name;
+    };
+    absl::flat_hash_map<proc::ProcessKey, Member> members;
   };
-  PerProcess& ForProcess(const proc::ProcessKey& key, uint32_t tid, const std::string& comm);
+  struct OwnerKey {
+    proc::ProcessKey process;
+    ProfileGroup::Kind kind = ProfileGroup::Kind::kNone;
+    uint64_t id = 0;
+    friend bool operator==(const OwnerKey&, const OwnerKey&) = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const OwnerKey& k) {
+      return H::combine(std::move(h), k.process, static_cast<uint8_t>(k.kind), k.id);
+    }
+  };
+  // The owner's entry (the record's process when owner is null).
+  PerProcess& ForOwner(const proc::ProcessKey& record_process, const ProfileOwner* owner,
+                       uint32_t tid, const std::string& comm);
+  // The member entry of `process` in group entry `pp`.
+  const PerProcess::Member& MemberOf(PerProcess& pp, const proc::ProcessKey& process,
+                                     uint32_t tid, const std::string& comm);
+  // Thread labels, preceded for a group by `process` (and `pid`).
+  std::vector<LabelSpec> SampleLabels(PerProcess& pp, const proc::ProcessKey& process,
+                                      const std::string& thread_name, uint32_t tid,
+                                      uint32_t* memo_salt);
   PprofBuilder* Builder(PerProcess& pp, ProfileType t);
   // Makes pp's wall builder a copy of its off_cpu builder if it has the latter and not the former.
   void ForkWall(PerProcess& pp);
   // Location ids of a stack in `b`, with synthetic frames for lost/truncated stacks.
+  // `memo_salt` tells the processes of a group apart in the frame memo (0 for a process).
   void Locations(PprofBuilder& b, const proc::ProcessKey& process, const StackPair& stacks,
-                 std::vector<uint64_t>* out);
+                 uint32_t memo_salt, std::vector<uint64_t>* out);
   // Appends the Location ids of `ips` (leaf first; kernel or user addresses of `process`).
   void AppendFrames(PprofBuilder& b, const proc::ProcessKey& process,
-                    absl::Span<const uint64_t> ips, bool kernel, std::vector<uint64_t>* out);
+                    absl::Span<const uint64_t> ips, bool kernel, uint32_t memo_salt,
+                    std::vector<uint64_t>* out);
   // The Location (with its Mapping and Functions) of a symbolized frame in `b`.
   uint64_t LocationOf(PprofBuilder& b, const symbolize::Frame& frame);
   // Stack-quality counters, once per record (not once per profile type).
@@ -121,7 +176,7 @@ class ProfileSet {
   StackSymbolizer* symbolizer_;
   proc::ProcessTable* processes_;
   ProfileStats stats_;
-  absl::flat_hash_map<proc::ProcessKey, PerProcess> per_process_;
+  absl::flat_hash_map<OwnerKey, PerProcess> per_process_;
   std::vector<uint64_t> scratch_;
   std::vector<LineRef> lines_scratch_;
 };

@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace parascope {
@@ -34,13 +35,32 @@ void RunSummary::Ranking::Add(const perftools::profiles::Profile& prof, int valu
 
 void RunSummary::Add(const ProcessProfile& p) {
   if (p.type != "process_cpu" && p.type != "latency") return;
-  Process& proc = processes_[p.process];
+  // A cgroup's profiles are reported under a member that may change from window to window.
+  const proc::ProcessKey key =
+      p.group.kind == ProfileGroup::Kind::kCgroup ? proc::ProcessKey{} : p.process;
+  Process& proc = processes_[{key, static_cast<int>(p.group.kind), p.group.id}];
   proc.tgid = p.process.tgid;
+  proc.group = p.group;
   if (!p.process_name.empty()) proc.name = p.process_name;
+  if (p.group.is_group()) {
+    const auto& prof = p.profile;
+    const int value = p.type == "process_cpu" ? 1 : 0;
+    auto& by_process = p.type == "process_cpu" ? proc.cpu_by_process : proc.latency_by_process;
+    for (const auto& s : prof.sample()) {
+      for (const auto& l : s.label()) {
+        const std::string& key = prof.string_table(l.key());
+        if (key == "pid") proc.pids[static_cast<uint64_t>(l.num())] = true;
+        if (key == "process" && s.value_size() > value) {
+          by_process[prof.string_table(l.str())] += s.value(value);
+        }
+      }
+    }
+    proc.processes = proc.pids.size();
+  }
   if (p.type == "process_cpu") {
     int64_t before = proc.cpu.total;
     proc.cpu.Add(p.profile, 1);
-    cpu_total_ += proc.cpu.total - before;
+    if (p.group.kind != ProfileGroup::Kind::kCgroup) cpu_total_ += proc.cpu.total - before;
     return;
   }
   proc.latency.Add(p.profile, 0);
@@ -75,9 +95,19 @@ void RunSummary::Print(std::ostream& os, int max_processes, int max_functions) c
   }
   for (int i = 0; i < max_processes && i < static_cast<int>(procs.size()); ++i) {
     const Process& p = *procs[i];
-    os << absl::StrFormat("\n%-7d %-16s %8.3f s CPU (%.1f%% of all samples)", p.tgid,
-                          p.name.empty() ? "?" : p.name, p.cpu.total / 1e9,
-                          cpu_total_ ? 100.0 * p.cpu.total / cpu_total_ : 0.0);
+    if (p.group.kind == ProfileGroup::Kind::kCgroup) {
+      os << absl::StrFormat("\ncgroup %s (%d processes) %8.3f s CPU",
+                            p.group.cgroup_path.empty() ? absl::StrCat("id ", p.group.id)
+                                                        : p.group.cgroup_path,
+                            p.processes, p.cpu.total / 1e9);
+    } else if (p.group.kind == ProfileGroup::Kind::kTree) {
+      os << absl::StrFormat("\n%-7d %-16s and descendants (%d processes) %8.3f s CPU", p.tgid,
+                            p.name.empty() ? "?" : p.name, p.processes, p.cpu.total / 1e9);
+    } else {
+      os << absl::StrFormat("\n%-7d %-16s %8.3f s CPU (%.1f%% of all samples)", p.tgid,
+                            p.name.empty() ? "?" : p.name, p.cpu.total / 1e9,
+                            cpu_total_ ? 100.0 * p.cpu.total / cpu_total_ : 0.0);
+    }
     bool has_latency = p.latency.total > 0;
     if (has_latency) {
       os << absl::StrFormat(", %.3f s busy wall time, mean parallelism %.2f",
@@ -133,6 +163,33 @@ void RunSummary::Print(std::ostream& os, int max_processes, int max_functions) c
       os << "    parallelism (share of busy wall time):";
       for (const auto& [bucket, ns] : buckets) {
         os << absl::StrFormat("  %s: %.1f%%", bucket, 100.0 * ns / p.latency.total);
+      }
+      os << "\n";
+    }
+    if (p.group.is_group() && !p.cpu_by_process.empty()) {
+      // Which of the group's programs the CPU and the waiting went to, the larger share first.
+      std::vector<std::pair<std::string, double>> names;
+      auto share_of = [](const std::map<std::string, int64_t>& m, const std::string& k,
+                         int64_t total) {
+        auto it = m.find(k);
+        return it == m.end() || total <= 0 ? 0.0 : 100.0 * it->second / total;
+      };
+      for (const auto& [name, ns] : p.cpu_by_process) {
+        names.push_back({name, std::max(share_of(p.cpu_by_process, name, p.cpu.total),
+                                        share_of(p.latency_by_process, name, p.latency.total))});
+      }
+      std::sort(names.begin(), names.end(), [](const auto& a, const auto& b) {
+        return a.second != b.second ? a.second > b.second : a.first < b.first;
+      });
+      os << (has_latency ? "    by process (cpu% / latency%):" : "    by process (cpu%):");
+      for (size_t j = 0; j < names.size() && j < 6; ++j) {
+        const std::string& n = names[j].first;
+        if (has_latency) {
+          os << absl::StrFormat("  %s %.1f/%.1f", n, share_of(p.cpu_by_process, n, p.cpu.total),
+                                share_of(p.latency_by_process, n, p.latency.total));
+        } else {
+          os << absl::StrFormat("  %s %.1f", n, share_of(p.cpu_by_process, n, p.cpu.total));
+        }
       }
       os << "\n";
     }

@@ -541,8 +541,8 @@ UnwindService::UnwindService(std::unique_ptr<UnwindMaps> maps, Poller poll,
 
 UnwindService::~UnwindService() { Stop(); }
 
-void UnwindService::Start(const std::vector<uint32_t>& tgids) {
-  {
+void UnwindService::Start(const std::vector<uint32_t>& tgids, bool preload) {
+  if (preload) {
     std::lock_guard<std::mutex> l(mu_);
     if (tgids.empty()) {
       tables_.LoadAll();

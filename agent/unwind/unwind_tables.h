@@ -235,8 +235,9 @@ class UnwindService {
                 proc::ProcessTable* processes = nullptr);
   ~UnwindService();
 
-  // Loads the given processes (all when empty) synchronously, then starts the thread.
-  void Start(const std::vector<uint32_t>& tgids);
+  // Loads the given processes (all when empty, none when `preload` is false) synchronously, then
+  // starts the thread.
+  void Start(const std::vector<uint32_t>& tgids, bool preload = true);
   void Stop();
   UnwindTableStats stats() const;
   // Table requests dropped because the queue between the two threads was full.

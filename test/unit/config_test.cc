@@ -42,6 +42,34 @@ TEST_CASE("ParseFlags accepts SPEC's dashed names and Abseil types", "[config]")
   CHECK(absl::GetFlag(FLAGS_ps_test_frequency) == 499);
 }
 
+TEST_CASE("ParseFlags hands the arguments after -- to command mode", "[config]") {
+  std::vector<std::string> args = {"parascope", "--ps-test-frequency=7", "--", "make", "-j2",
+                                   "--ps-test-frequency=1"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  std::vector<std::string> pos, command;
+  bool help = false;
+  REQUIRE(ParseFlags(argv.size(), argv.data(), &pos, &help, &command).ok());
+  CHECK(pos.empty());
+  CHECK(command == std::vector<std::string>{"make", "-j2", "--ps-test-frequency=1"});
+  CHECK(absl::GetFlag(FLAGS_ps_test_frequency) == 7);
+}
+
+TEST_CASE("Config::Validate: --latency-group and command mode combinations", "[config]") {
+  Config c;
+  c.latency_group = Config::LatencyGroup::kTree;
+  CHECK(absl::StartsWith(c.Validate().message(), "--latency-group: tree needs command mode"));
+  c.command = {"make"};
+  CHECK(c.Validate().ok());
+  c.pids = {1};
+  CHECK(absl::StartsWith(c.Validate().message(), "--pid:"));
+  c = Config();
+  c.latency_group = Config::LatencyGroup::kCgroup;
+  CHECK(c.Validate().ok());
+  c.profiles = *ParseProfileTypes("cpu");
+  CHECK(absl::StartsWith(c.Validate().message(), "--latency-group: cgroup needs"));
+}
+
 TEST_CASE("ParseFlags errors name the flag as spelled", "[config]") {
   absl::Status s = Parse({"--ps-test-frequency=abc"});
   CHECK(s.code() == absl::StatusCode::kInvalidArgument);

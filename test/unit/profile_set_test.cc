@@ -328,3 +328,71 @@ TEST_CASE("ProfileSet builds off_cpu wall and latency with SPEC's types and labe
 }
 
 }  // namespace parascope
+
+namespace parascope {
+
+// --latency-group=tree|cgroup: the records of several processes go into one owner's profiles;
+// each sample names its process, and one address in two programs is two Locations.
+TEST_CASE("ProfileSet puts a group's processes in one profile, labelled and kept apart",
+          "[profile]") {
+  proc::ProcessTable processes;  // the real /proc: this test process is symbolized
+  symbolize::ElfCache elfs;
+  StackSymbolizer symbolizer(&processes, &elfs, nullptr);
+  ProfileOptions opts;
+  opts.period_ns = 1000000;
+  opts.period_is_ns = true;
+  opts.types = *ParseProfileTypes("cpu,latency");
+  ProfileSet set(opts, &symbolizer, &processes);
+  REQUIRE(ps_test::Caller(1) == 4);
+
+  const proc::ProcessKey self = SelfKey();
+  const proc::ProcessKey gone{999999, proc::TicksToNs(1), 7};  // not in /proc: unsymbolized
+  ProfileOwner owner;
+  owner.process = self;
+  owner.group.kind = ProfileGroup::Kind::kTree;
+  owner.group.id = self.tgid;
+  const uint64_t leaf = reinterpret_cast<uint64_t>(&ps_cpu_profiles_leaf) + 1;
+  for (const proc::ProcessKey& k : {self, gone}) {
+    OnCpuRecord r;
+    r.process = k;
+    r.tid = k.tgid;
+    r.thread_name = k == self ? "self-thread" : "cc1";
+    r.stacks.user_ips = {leaf};  // the same address in both processes
+    r.parallelism = 2;
+    r.group = self.tgid;
+    r.count = 1;
+    r.period_sum = 1000000;
+    set.AddOnCpu(r, &owner);
+  }
+  std::vector<ProcessProfile> out = set.Finish(0, 1000000000);
+  REQUIRE(out.size() == 2);  // one process_cpu and one latency profile for the whole group
+  for (const ProcessProfile& p : out) {
+    INFO(p.type);
+    CHECK(p.process == self);
+    CHECK(p.group.kind == ProfileGroup::Kind::kTree);
+    const auto& prof = p.profile;
+    REQUIRE(prof.sample_size() == 2);
+    auto label = [&](int s, const std::string& k) {
+      for (const auto& l : prof.sample(s).label()) {
+        if (prof.string_table(l.key()) == k) {
+          return l.str() ? prof.string_table(l.str()) : std::to_string(l.num());
+        }
+      }
+      return std::string("<none>");
+    };
+    CHECK(label(0, "pid") == std::to_string(self.tgid));
+    CHECK(label(1, "pid") == "999999");
+    CHECK(label(1, "process") == "cc1");  // exited: the thread's comm stands for the process's
+    CHECK(label(0, "process") != "<none>");
+    CHECK(prof.sample(0).location_id(0) != prof.sample(1).location_id(0));
+    CHECK(Resolve(prof, 0).functions[0] == "ps_cpu_profiles_leaf");
+    CHECK(Resolve(prof, 1).functions[0] == "");
+    bool comment = false;
+    for (int64_t c : prof.comment()) {
+      comment |= prof.string_table(c).find("--latency-group=tree") != std::string::npos;
+    }
+    CHECK(comment);
+  }
+}
+
+}  // namespace parascope
