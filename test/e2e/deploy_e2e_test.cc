@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "test/e2e/e2e_util.h"
 
@@ -88,6 +89,28 @@ TEST_CASE("cli: a bad --config key or value exits 2 naming the key and the file"
     CHECK(WEXITSTATUS(status) == 2);
     CHECK(absl::StrContains(agent.stderr_text(), c.key));
     CHECK(absl::StrContains(agent.stderr_text(), path + ":"));
+  }
+}
+
+TEST_CASE("cli: bad --latency-group and command mode usage exits 2 naming the flag", "[cli]") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  } cases[] = {
+      {{"--latency-group=pod"}, "--latency-group: expected process, cgroup or tree, got 'pod'"},
+      {{"--latency-group=tree"}, "--latency-group: tree needs command mode"},
+      {{"--pid=1", "--", "true"}, "--pid: cannot be combined with a command"},
+      {{"make"}, "unexpected argument 'make' (to profile a command, put it after '--'"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {PS_AGENT_BIN};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    Child agent(argv);
+    int status = agent.Wait(30);
+    INFO(absl::StrJoin(argv, " ") << " -> " << agent.stderr_text());
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 2);
+    CHECK(absl::StrContains(agent.stderr_text(), c.message));
   }
 }
 

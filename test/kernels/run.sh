@@ -189,6 +189,42 @@ checks() {
   else
     fail="$fail system:not-run"
   fi
+  # tree: command mode's exit status, and latency over the tree: serial_step's latency share
+  # above its CPU share (under TCG the parallel phases are not reliably parallel, so no exact
+  # shares; make test checks 1/3 vs 1/2 here).
+  if [ -d "$r/tree" ]; then
+    [ "$(cat "$r/tree/rc" 2>/dev/null)" = 3 ] || fail="$fail tree:rc=$(cat "$r/tree/rc" 2>/dev/null)"
+    f=$(find "$r/tree/out" -name 'process_cpu-*.pb.gz' 2>/dev/null | tr '\n' ' ')
+    t=$(find "$r/tree/out" -name 'latency-*.pb.gz' 2>/dev/null | tr '\n' ' ')
+    if [ -n "$f" ] && [ -n "$t" ]; then
+      "$PPROF" -top -cum -nodecount=200 -symbolize=none $f >"$r/tree/cpu-top.txt" 2>&1
+      "$PPROF" -top -cum -nodecount=200 -symbolize=none $t >"$r/tree/latency-top.txt" 2>&1
+      a=$(share "$r/tree/cpu-top.txt" serial_step cum); b=$(share "$r/tree/latency-top.txt" serial_step cum)
+      n=$(share "$r/tree/cpu-top.txt" parallel_step cum)
+      figs="$figs tree:serial_step_cpu/latency=$a/$b,parallel_step_cpu=$n"
+      between "$a" 5 95 && between "$n" 5 95 || fail="$fail tree:steps-missing"
+      awk -v a="$a" -v b="$b" 'BEGIN{exit !(b > a)}' || fail="$fail tree:latency-not-over-tree"
+    else
+      fail="$fail tree:no-profiles"
+    fi
+  else
+    fail="$fail tree:not-run"
+  fi
+  # cgroup: a latency profile for fakebuild's cgroup holding both steps.
+  if [ -d "$r/cgroup" ]; then
+    [ "$(cat "$r/cgroup/rc" 2>/dev/null)" = 0 ] || fail="$fail cgroup:rc=$(cat "$r/cgroup/rc" 2>/dev/null)"
+    f=$(find "$r/cgroup/out/cgroup/$(cat "$r/cgroup/cgroup_id" 2>/dev/null)" -name 'latency-*.pb.gz' 2>/dev/null | tr '\n' ' ')
+    if [ -n "$f" ]; then
+      "$PPROF" -top -cum -nodecount=200 -symbolize=none $f >"$r/cgroup/latency-top.txt" 2>&1
+      a=$(share "$r/cgroup/latency-top.txt" serial_step cum); b=$(share "$r/cgroup/latency-top.txt" parallel_step cum)
+      figs="$figs cgroup:latency_serial/parallel=$a/$b"
+      between "$a" 5 95 && between "$b" 5 95 || fail="$fail cgroup:steps-missing"
+    else
+      fail="$fail cgroup:no-profiles"
+    fi
+  else
+    fail="$fail cgroup:not-run"
+  fi
   # nobtf: exit 1 naming BTF.
   if [ "$(cat "$r/nobtf/rc" 2>/dev/null)" = 1 ] && grep -q 'BTF' "$r/nobtf/agent.log"; then
     figs="$figs nobtf=exit1"
@@ -213,7 +249,7 @@ for SUITE in $SUITES; do
   cp "$AGENT" "$D/payload/parascope"
   cp "$KM/bin/burn" "$KM/bin/pmuprobe" "$KDIR/guest/ktest.sh" "$D/payload/"
   [ -x "$PPROF" ] && cp "$PPROF" "$D/payload/pprof"
-  for w in offcpu_mix lifecycle; do
+  for w in offcpu_mix lifecycle fakebuild; do
     [ -x "$WORKLOADS/$w" ] && cp "$WORKLOADS/$w" "$D/payload/"
   done
   printf 'DURATION=%s\nFREQ=%s\nAGENT_ARGS="%s"\nRETRY_CPU_ONLY=1\n' "$DURATION" "$FREQ" "$AGENT_ARGS" >"$D/payload/ktest.conf"

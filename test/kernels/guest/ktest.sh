@@ -92,6 +92,48 @@ if [ -x $P/offcpu_mix ] && [ -x $P/lifecycle ]; then
   echo "KTEST ---- system: $(wc -l <$d/files) files written"
 fi
 
+# tree: command mode on fakebuild (each round a parent's serial_step, then two forked children's
+# parallel_step at once): the fork and tree-exit hooks, parallelism over the tree, the
+# command's exit status (3) passed through.
+if [ -x $P/fakebuild ]; then
+  d=$R/tree
+  mkdir -p $d/out
+  echo "KTEST ---- tree: parascope -- fakebuild build 4 3"
+  timeout 120 $P/parascope --sampling-frequency=499 --collect-interval=2s --output-dir=$d/out \
+    $AGENT_ARGS -- $P/fakebuild build 4 3 >$d/stdout 2>$d/agent.log
+  echo $? >$d/rc
+  echo "KTEST ---- tree: exit status $(cat $d/rc); log without debug lines:"
+  grep -v ' D ' $d/agent.log | tail -8
+  cat $d/stdout
+  (cd $d/out && find . -type f | sort) >$d/files
+fi
+
+# cgroup: the agent system-wide with --latency-group=cgroup while fakebuild runs in a cgroup of
+# its own: the cgroup-keyed counts and the cgroup release hook (the cgroup is removed after).
+if [ -x $P/fakebuild ] && [ -f /sys/fs/cgroup/cgroup.procs ]; then
+  d=$R/cgroup
+  mkdir -p $d/out
+  cg=/sys/fs/cgroup/ps-fakebuild
+  mkdir -p $cg
+  stat -c %i $cg >$d/cgroup_id
+  echo "KTEST ---- cgroup: parascope --latency-group=cgroup (cgroup id $(cat $d/cgroup_id))"
+  timeout $((DURATION + 90)) $P/parascope --latency-group=cgroup --duration=$((DURATION + 2))s \
+    --sampling-frequency=499 --collect-interval=$((DURATION / 2 + 1))s --http-address= \
+    --output-dir=$d/out $AGENT_ARGS >$d/stdout 2>$d/agent.log &
+  a=$!
+  i=0
+  while [ $i -lt 900 ] && kill -0 $a 2>/dev/null && ! grep -q 'attached:' $d/agent.log; do
+    sleep 0.1; i=$((i + 1))
+  done
+  sh -c "echo \$\$ >$cg/cgroup.procs && exec $P/fakebuild build 4" >$d/fakebuild.out 2>&1
+  rmdir $cg
+  wait $a; echo $? >$d/rc
+  echo "KTEST ---- cgroup: agent exit status $(cat $d/rc); log without debug lines:"
+  grep -v ' D ' $d/agent.log | tail -5
+  (cd $d/out && find . -type f | sort) >$d/files
+  echo "KTEST ---- cgroup: $(grep -c '^./cgroup/' $d/files) cgroup files written"
+fi
+
 # nobtf: a kernel without BTF (CONFIG_DEBUG_INFO_BTF=n): the agent must exit 1 naming it.
 d=$R/nobtf
 mkdir -p $d
