@@ -46,10 +46,12 @@ struct PyroscopeOptions {
   // Profiles older than this when their turn comes are dropped (reason "expired") instead of
   // being sent: the server rejects time_nanos older than an hour (SPEC section 6).
   absl::Duration max_profile_age = absl::Minutes(55);
-  // Sample label keys kept in pushed profiles; others (thread_name, tid) are removed and their
-  // samples merged, since Pyroscope makes every string sample label a series label (SPEC
-  // section 3: only low-cardinality labels unless asked for more).
-  std::vector<std::string> sample_label_keys = {"state", "parallelism"};
+  // Sample label keys kept in pushed profiles; others (thread_name, tid, pid) are removed and
+  // their samples merged, since Pyroscope makes every string sample label a series label (SPEC
+  // section 3: only low-cardinality labels unless asked for more). `process` is on group
+  // profiles only (--latency-group=cgroup, command mode): the comms of one group's programs,
+  // few, and the only way to split a group's profile by program on the server.
+  std::vector<std::string> sample_label_keys = {"state", "parallelism", "process"};
 };
 
 }  // namespace parascope
