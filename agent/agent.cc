@@ -511,6 +511,49 @@ std::vector<server::CallbackRegistration> RegisterExporterMetrics(
 }  // namespace
 
 // Reports the debuginfod fetcher's figures at scrape time.
+// --output-max-bytes / --output-max-age (export/retention.h).
+std::vector<server::CallbackRegistration> RegisterRetentionMetrics(
+    server::MetricsRegistry* registry, const FileExporter* files) {
+  using server::CallbackSample;
+  using server::MetricType;
+  std::vector<server::CallbackRegistration> regs;
+  regs.push_back(registry->AddCallback(
+      MetricType::kGauge, "parascope_output_bytes",
+      "Bytes on disk (allocated blocks) of the profile files in --output-dir.", {}, [files] {
+        return std::vector<CallbackSample>{{{}, static_cast<double>(files->retention_stats().bytes)}};
+      }));
+  regs.push_back(registry->AddCallback(
+      MetricType::kGauge, "parascope_output_files", "Profile files in --output-dir.", {},
+      [files] {
+        return std::vector<CallbackSample>{{{}, static_cast<double>(files->retention_stats().files)}};
+      }));
+  regs.push_back(registry->AddCallback(
+      MetricType::kCounter, "parascope_output_deleted_files_total",
+      "Profile files deleted from --output-dir, oldest window first, by reason: max_bytes "
+      "(--output-max-bytes), max_age (--output-max-age), max_files (the index bound).",
+      {"reason"}, [files] {
+        RetentionStats s = files->retention_stats();
+        return std::vector<CallbackSample>{
+            {{"max_bytes"}, static_cast<double>(s.deleted_bytes_bound)},
+            {{"max_age"}, static_cast<double>(s.deleted_age)},
+            {{"max_files"}, static_cast<double>(s.deleted_files_bound)}};
+      }));
+  regs.push_back(registry->AddCallback(
+      MetricType::kCounter, "parascope_output_deleted_bytes_total",
+      "Bytes on disk freed by deleting profile files from --output-dir.", {}, [files] {
+        return std::vector<CallbackSample>{
+            {{}, static_cast<double>(files->retention_stats().deleted_bytes)}};
+      }));
+  regs.push_back(registry->AddCallback(
+      MetricType::kCounter, "parascope_output_retention_errors_total",
+      "Profile files retention could not delete (unlink failed other than ENOENT).", {},
+      [files] {
+        return std::vector<CallbackSample>{
+            {{}, static_cast<double>(files->retention_stats().errors)}};
+      }));
+  return regs;
+}
+
 std::vector<server::CallbackRegistration> RegisterDebuginfodMetrics(
     server::MetricsRegistry* registry, const symbolize::Debuginfod* debuginfod) {
   using server::CallbackSample;
@@ -788,7 +831,13 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
   std::vector<Exporter*> exporters;
   std::unique_ptr<FileExporter> file_exporter;
   if (!config.output_dir.empty()) {
-    file_exporter = std::make_unique<FileExporter>(config.output_dir);
+    RetentionOptions ro;
+    ro.max_bytes = config.output_max_bytes;
+    ro.max_age = config.output_max_age;
+    file_exporter = std::make_unique<FileExporter>(config.output_dir, ro);
+    if (absl::Status s = file_exporter->Start(absl::Now()); !s.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("--output-dir: ", s.message()));
+    }
     exporters.push_back(file_exporter.get());
   }
   if (pusher != nullptr) exporters.push_back(pusher.get());
@@ -797,6 +846,10 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
   AgentMetrics metrics(&registry, bpf.get());
   std::vector<server::CallbackRegistration> push_metrics;
   if (pusher != nullptr) push_metrics = RegisterExporterMetrics(&registry, pusher.get());
+  std::vector<server::CallbackRegistration> retention_metrics;
+  if (file_exporter != nullptr && file_exporter->retention_enabled()) {
+    retention_metrics = RegisterRetentionMetrics(&registry, file_exporter.get());
+  }
   std::vector<server::CallbackRegistration> debuginfod_metrics;
   if (debuginfod != nullptr) {
     debuginfod_metrics = RegisterDebuginfodMetrics(&registry, debuginfod.get());
@@ -982,6 +1035,7 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
         cpu_export += ThreadCpuNs() - c1;
       }
     }
+    if (file_exporter != nullptr) file_exporter->EndWindow(absl::Now());
     processes.EndWindow();
     symbolizer.EndWindow();
     if (labeler != nullptr) labeler->EndWindow();

@@ -41,6 +41,11 @@ ABSL_FLAG(int32_t, off_cpu_stack_rate, 1000,
 ABSL_FLAG(std::string, output_dir, "",
           "write DIR/<pid>/<start ticks>.<exec id>/<profile>-<t0 unix ms>.pb.gz (gzip pprof) each "
           "window");
+ABSL_FLAG(int64_t, output_max_bytes, 0,
+          "bound of --output-dir's profile files in bytes allocated on disk (at least 1 MiB); "
+          "the oldest windows are deleted first (0: no bound)");
+ABSL_FLAG(absl::Duration, output_max_age, absl::ZeroDuration(),
+          "delete --output-dir's windows that started longer ago than this (0: keep them)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 ABSL_FLAG(std::string, remote_url, "", "Pyroscope base URL, e.g. http://127.0.0.1:4040");
 ABSL_FLAG(std::string, remote_protocol, "grpc",
@@ -182,6 +187,8 @@ int main(int argc, char** argv) {
   config.off_cpu_min_duration = absl::GetFlag(FLAGS_off_cpu_min_duration);
   config.off_cpu_stack_rate = absl::GetFlag(FLAGS_off_cpu_stack_rate);
   config.output_dir = absl::GetFlag(FLAGS_output_dir);
+  config.output_max_bytes = absl::GetFlag(FLAGS_output_max_bytes);
+  config.output_max_age = absl::GetFlag(FLAGS_output_max_age);
   const std::string log_format = absl::GetFlag(FLAGS_log_format);
   if (log_format != "text" && log_format != "json") {
     return UsageError("--log-format: expected text or json, got '" + log_format + "'");

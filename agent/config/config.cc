@@ -43,6 +43,22 @@ absl::Status Config::Validate() const {
           "--remote-protocol: must be grpc or connect, got '", remote_protocol, "'"));
     }
   }
+  if (output_max_bytes < 0 || (output_max_bytes > 0 && output_max_bytes < (int64_t{1} << 20))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--output-max-bytes: must be 0 (no bound) or at least 1048576 (1 MiB), got ",
+        output_max_bytes));
+  }
+  if (output_max_age < absl::ZeroDuration() ||
+      (output_max_age > absl::ZeroDuration() && output_max_age < collect_interval)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--output-max-age: must be 0 (no bound) or at least --collect-interval (",
+        absl::FormatDuration(collect_interval), "), got ", absl::FormatDuration(output_max_age)));
+  }
+  if ((output_max_bytes > 0 || output_max_age > absl::ZeroDuration()) && output_dir.empty()) {
+    return absl::InvalidArgumentError(
+        output_max_bytes > 0 ? "--output-max-bytes: needs --output-dir"
+                             : "--output-max-age: needs --output-dir");
+  }
   if (queue_max_bytes < 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("--queue-max-bytes: must be at least 1024, got ", queue_max_bytes));

@@ -40,6 +40,10 @@ struct Config {
   int32_t off_cpu_stack_rate = 1000;
   // Write DIR/<pid>/<start ticks>.<exec id>/<name>-<t0 unix ms>.pb.gz; empty = no files.
   std::string output_dir;
+  // Retention of output_dir (export/retention.h): bound of the profile files' allocated bytes
+  // (0 = none) and of a window's age (zero = none); the oldest windows are deleted first.
+  int64_t output_max_bytes = 0;
+  absl::Duration output_max_age = absl::ZeroDuration();
   LogLevel log_level = LogLevel::kInfo;
 
   // Pyroscope push (SPEC sections 4-6). Empty remote_url: no push.

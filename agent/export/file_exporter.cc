@@ -46,6 +46,9 @@ absl::Status FileExporter::Export(const ProcessProfile& p) {
     made_dirs_.insert(dir);
   }
   std::string path = PathFor(p);
+  if (retention_.enabled()) {
+    retention_.MakeRoom(OutputRetention::EstimateAllocated(static_cast<int64_t>(data.size())));
+  }
   std::string tmp = absl::StrCat(path, ".tmp");
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0 && errno == ENOENT) {  // the directory was removed meanwhile
@@ -67,6 +70,9 @@ absl::Status FileExporter::Export(const ProcessProfile& p) {
     }
     off += n;
   }
+  struct stat st;
+  int64_t allocated = OutputRetention::EstimateAllocated(static_cast<int64_t>(data.size()));
+  if (fstat(fd, &st) == 0) allocated = static_cast<int64_t>(st.st_blocks) * 512;
   if (close(fd) != 0) {
     int err = errno;
     unlink(tmp.c_str());
@@ -76,6 +82,12 @@ absl::Status FileExporter::Export(const ProcessProfile& p) {
     int err = errno;
     unlink(tmp.c_str());
     return ErrnoStatus(err, absl::StrCat("rename ", path));
+  }
+  if (retention_.enabled()) {
+    // A rewrite of the same window's file (never done today) would be indexed twice; the
+    // second unlink then finds nothing.
+    retention_.Added(dir, p.type, p.profile.time_nanos() / 1000000, allocated);
+    retention_.MakeRoom(0, 0);  // the file took more than estimated
   }
   return absl::OkStatus();
 }

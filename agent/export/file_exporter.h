@@ -15,14 +15,31 @@
 #include "absl/container/flat_hash_set.h"
 
 #include "agent/export/exporter.h"
+#include "agent/export/retention.h"
 
 namespace parascope {
 
 // Each file is written to a temporary name and renamed into place, so readers never see a
-// partial profile. Thread-compatible.
+// partial profile. With a retention bound, room is made before each write (the oldest windows
+// are deleted first), so the directory stays under --output-max-bytes. Thread-compatible.
 class FileExporter : public Exporter {
  public:
-  explicit FileExporter(std::string dir) : dir_(std::move(dir)) {}
+  // `retention` bounds the directory (retention.h); the default bounds nothing.
+  explicit FileExporter(std::string dir, RetentionOptions retention = {})
+      : dir_(std::move(dir)), retention_(dir_, retention) {}
+
+  // Indexes the files an earlier run left (when a retention bound is set) and applies the
+  // bounds. Call once before the first Export. Errors: the root cannot be listed.
+  absl::Status Start(absl::Time now) {
+    return retention_.enabled() ? retention_.Scan(now) : absl::OkStatus();
+  }
+  // After each window: deletes the windows older than --output-max-age.
+  void EndWindow(absl::Time now) {
+    if (retention_.enabled()) retention_.Expire(now);
+  }
+  // Thread-safe.
+  RetentionStats retention_stats() const { return retention_.stats(); }
+  bool retention_enabled() const { return retention_.enabled(); }
 
   // Errors: the errno of mkdir/open/write/rename as a status naming the path.
   absl::Status Export(const ProcessProfile& profile) override;
@@ -34,6 +51,7 @@ class FileExporter : public Exporter {
 
  private:
   std::string dir_;
+  OutputRetention retention_;
   // Directories known to exist (cleared when it grows past 65536 entries).
   absl::flat_hash_set<std::string> made_dirs_;
 };

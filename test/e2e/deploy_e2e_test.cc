@@ -1,10 +1,12 @@
 // End-to-end tests of how operators run the agent (issue: deployment, acceptance 5): --config
 // files, --log-format=json, and the signals a service manager or an operator sends.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <nlohmann/json.hpp>
@@ -238,6 +240,90 @@ TEST_CASE("signals: SIGHUP loses no window, SIGUSR1 and SIGQUIT flush and stop",
       CHECK(*it - *std::prev(it) < 1500);
     }
   }
+}
+
+// Acceptance 6: the agent profiles the whole host in 1 s windows, which writes more than the
+// 1 MiB bound within a few windows; at 30 moments during the run the agent is stopped (SIGSTOP,
+// so no file is half-counted) and the directory measured from the disk: every regular file's
+// allocated bytes, .tmp files included, stays within the bound. The deletions show on /metrics,
+// and the newest windows are the ones kept.
+TEST_CASE("retention: --output-max-bytes keeps --output-dir under its bound during a run",
+          "[root][e2e]") {
+  if (!RequireRoot()) return;
+  TempDir out;
+  Spinner work;
+  const int64_t bound = int64_t{1} << 20;
+  Child agent({PS_AGENT_BIN, "--collect-interval=1s", "--sampling-frequency=99",
+               "--http-address=127.0.0.1:0", "--output-dir=" + out.path(),
+               absl::StrCat("--output-max-bytes=", bound)});
+  std::string line;
+  int port = 0;
+  std::regex port_re("serving /metrics.*\\(port ([0-9]+)\\)");
+  while (agent.ReadStderrLine(&line, 60) && !absl::StrContains(line, "attached:")) {
+    std::smatch m;
+    if (std::regex_search(line, m, port_re)) port = std::stoi(m[1]);
+  }
+  INFO("agent stderr:\n" << agent.stderr_text());
+  REQUIRE(port > 0);
+  auto metrics = [&] {
+    std::string text;
+    RunCommand(absl::StrCat("curl -sS -m 10 http://127.0.0.1:", port, "/metrics"), &text);
+    return text;
+  };
+  auto disk_bytes = [&] {
+    int64_t bytes = 0;
+    std::error_code ec;
+    for (auto it = std::filesystem::recursive_directory_iterator(out.path(), ec);
+         it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+      struct stat st;
+      if (lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+        bytes += static_cast<int64_t>(st.st_blocks) * 512;
+      }
+    }
+    return bytes;
+  };
+  int64_t peak = 0;
+  int snapshots = 0;
+  // Until the bound has been hit and files deleted for it for a few windows.
+  REQUIRE(WaitUntil(
+      [&] {
+        REQUIRE(kill(agent.pid(), SIGSTOP) == 0);
+        const int64_t b = disk_bytes();
+        REQUIRE(kill(agent.pid(), SIGCONT) == 0);
+        peak = std::max(peak, b);
+        ++snapshots;
+        CHECK(b <= bound);
+        if (snapshots < 30) return false;
+        const std::string text = metrics();
+        return MetricValue(text, "parascope_output_deleted_files_total{reason=\"max_bytes\"}") >
+                   0 &&
+               MetricValue(text, "parascope_output_deleted_bytes_total") > 3 * bound;
+      },
+      90));
+  const std::string text = metrics();
+  const double deleted_bytes = MetricValue(text, "parascope_output_deleted_bytes_total");
+  const double gauge = MetricValue(text, "parascope_output_bytes");
+  REQUIRE(kill(agent.pid(), SIGTERM) == 0);
+  int status = agent.Wait(30);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  const int64_t final_bytes = disk_bytes();
+  INFO("peak " << peak << " final " << final_bytes << " gauge " << gauge << " deleted "
+               << deleted_bytes << " snapshots " << snapshots);
+  CHECK(final_bytes <= bound);
+  CHECK(peak > bound / 2);                  // the bound was approached, not idle
+  CHECK(deleted_bytes > 3 * bound);  // the run wrote more than 4 times the bound
+  CHECK(gauge <= bound);
+  // The newest windows are the ones kept: the spinner's last (flushed) window is the newest,
+  // and the kept windows follow each other without a gap (about 1 s apart).
+  std::set<int64_t> w = Windows(out.path(), work.pid);
+  REQUIRE(!w.empty());
+  std::set<int64_t> all;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(out.path())) {
+    if (absl::EndsWith(e.path().string(), ".pb.gz")) all.insert(WindowOf(e.path().string()));
+  }
+  CHECK(*w.rbegin() == *all.rbegin());
+  for (auto it = std::next(all.begin()); it != all.end(); ++it) CHECK(*it - *std::prev(it) < 1500);
 }
 
 }  // namespace parascope::testing

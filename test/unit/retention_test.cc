@@ -1,0 +1,212 @@
+// Retention of --output-dir (export/retention.h) through FileExporter on a real directory: the
+// byte bound measured from the disk (st_blocks of every file) after each write, oldest windows
+// deleted first, empty directories removed, the age bound, the index bound, and a restart that
+// finds an earlier run's files (and a crash's .tmp leftover) and keeps the bound over both.
+#include "agent/export/retention.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "agent/export/file_exporter.h"
+
+namespace parascope {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "ps-retention-XXXXXX").string();
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// What the directory holds on disk: every regular file's allocated bytes, and the window starts
+// of the profile files.
+struct DiskUsage {
+  int64_t bytes = 0;
+  int64_t files = 0;
+  std::set<int64_t> windows;
+};
+
+DiskUsage Measure(const std::string& root) {
+  DiskUsage u;
+  for (const auto& e : fs::recursive_directory_iterator(root)) {
+    if (!e.is_regular_file()) continue;
+    struct stat st;
+    REQUIRE(stat(e.path().c_str(), &st) == 0);
+    u.bytes += static_cast<int64_t>(st.st_blocks) * 512;
+    ++u.files;
+    std::string name = e.path().filename().string();
+    if (absl::EndsWith(name, ".pb.gz")) {
+      int64_t t0 = 0;
+      std::string digits = name.substr(name.rfind('-') + 1);
+      digits = digits.substr(0, digits.find('.'));
+      REQUIRE(absl::SimpleAtoi(digits, &t0));
+      u.windows.insert(t0);
+    }
+  }
+  return u;
+}
+
+// A profile of process `tgid` for the window starting at t0_ms whose gzip file is about
+// `bytes` long (random strings do not compress).
+ProcessProfile MakeProfile(uint32_t tgid, int64_t t0_ms, size_t bytes, std::mt19937* rng) {
+  ProcessProfile p;
+  p.process.tgid = tgid;
+  p.process.start_boot_ns = uint64_t{tgid} * 10000000;  // 1 tick = 10 ms
+  p.process.exec_id = 1;
+  p.type = "process_cpu";
+  p.profile.set_time_nanos(t0_ms * 1000000);
+  p.profile.add_string_table("");
+  std::string s(bytes, ' ');
+  for (char& c : s) c = static_cast<char>('!' + (*rng)() % 90);
+  p.profile.add_string_table(s);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("retention: the byte bound holds on disk after every write, oldest windows go first",
+          "[unit]") {
+  TempDir dir;
+  RetentionOptions ro;
+  ro.max_bytes = 200 * 1024;
+  FileExporter files(dir.path(), ro);
+  REQUIRE(files.Start(absl::Now()).ok());
+  std::mt19937 rng(1);
+  int64_t written = 0;
+  // 40 windows of 3 processes, ~6 KB each (8 KiB on disk): ~960 KiB in all, ~5x the bound.
+  // Process 100 runs throughout; 200+w lives one window only.
+  for (int w = 0; w < 40; ++w) {
+    const int64_t t0 = 1700000000000 + w * 15000;
+    for (uint32_t tgid : {100u, 200u + w, 300u + w / 10}) {
+      REQUIRE(files.Export(MakeProfile(tgid, t0, 6000, &rng)).ok());
+      ++written;
+      DiskUsage u = Measure(dir.path());
+      INFO("window " << w << " tgid " << tgid);
+      REQUIRE(u.bytes <= ro.max_bytes);
+      CHECK(u.bytes == files.retention_stats().bytes);
+      CHECK(u.files == files.retention_stats().files);
+    }
+  }
+  DiskUsage u = Measure(dir.path());
+  RetentionStats s = files.retention_stats();
+  CHECK(s.deleted_bytes_bound > 0);
+  CHECK(static_cast<int64_t>(s.deleted_bytes_bound) + u.files == written);
+  CHECK(u.bytes > ro.max_bytes - 3 * 8192);  // close to the bound: only what did not fit went
+  // The newest windows are the ones kept: the last window whole, nothing older than a gap.
+  const int64_t last = 1700000000000 + 39 * 15000;
+  REQUIRE(!u.windows.empty());
+  CHECK(*u.windows.rbegin() == last);
+  CHECK(*u.windows.begin() >= last - static_cast<int64_t>(u.windows.size()) * 15000);
+  for (auto it = std::next(u.windows.begin()); it != u.windows.end(); ++it) {
+    CHECK(*it - *std::prev(it) == 15000);
+  }
+  // The directories of processes whose files all went are gone, their pid directories too.
+  for (int w = 0; w < 20; ++w) {
+    INFO("pid " << 200 + w);
+    CHECK_FALSE(fs::exists(absl::StrCat(dir.path(), "/", 200 + w)));
+  }
+  CHECK(fs::exists(absl::StrCat(dir.path(), "/100")));
+}
+
+TEST_CASE("retention: windows older than the age bound are deleted whole", "[unit]") {
+  TempDir dir;
+  RetentionOptions ro;
+  ro.max_age = absl::Minutes(1);
+  FileExporter files(dir.path(), ro);
+  REQUIRE(files.Start(absl::Now()).ok());
+  std::mt19937 rng(2);
+  const absl::Time now = absl::FromUnixMillis(1700000600000);
+  // Windows every 15 s from 2 minutes ago to now, 2 processes each.
+  for (int w = 0; w <= 8; ++w) {
+    const int64_t t0 = absl::ToUnixMillis(now - absl::Minutes(2)) + w * 15000;
+    for (uint32_t tgid : {10u, 20u}) REQUIRE(files.Export(MakeProfile(tgid, t0, 100, &rng)).ok());
+  }
+  files.EndWindow(now);
+  DiskUsage u = Measure(dir.path());
+  // Kept: t0 >= now - 60 s, i.e. windows 4..8.
+  CHECK(u.windows.size() == 5);
+  CHECK(*u.windows.begin() == absl::ToUnixMillis(now - absl::Minutes(1)));
+  CHECK(u.files == 10);
+  CHECK(files.retention_stats().deleted_age == 8);
+}
+
+TEST_CASE("retention: a restart indexes the earlier run's files and keeps the bound over both",
+          "[unit]") {
+  TempDir dir;
+  std::mt19937 rng(3);
+  RetentionOptions ro;
+  ro.max_bytes = 64 * 1024;
+  {
+    FileExporter first(dir.path());  // no bound: 12 files of 8 KiB
+    REQUIRE(first.Start(absl::Now()).ok());
+    for (int w = 0; w < 12; ++w) {
+      REQUIRE(first.Export(MakeProfile(7, 1700000000000 + w * 15000, 6000, &rng)).ok());
+    }
+  }
+  // A crash's leftover and a file the agent did not write.
+  std::string image = absl::StrCat(dir.path(), "/7/70.1");
+  std::ofstream(image + "/process_cpu-1700000999000.pb.gz.tmp") << std::string(5000, 'x');
+  std::ofstream(dir.path() + "/README") << "operator's notes\n";
+  const int64_t foreign = [&] {
+    struct stat st;
+    REQUIRE(stat((dir.path() + "/README").c_str(), &st) == 0);
+    return static_cast<int64_t>(st.st_blocks) * 512;
+  }();
+  REQUIRE(Measure(dir.path()).bytes > ro.max_bytes);
+
+  FileExporter second(dir.path(), ro);
+  REQUIRE(second.Start(absl::Now()).ok());
+  CHECK_FALSE(fs::exists(image + "/process_cpu-1700000999000.pb.gz.tmp"));
+  CHECK(fs::exists(dir.path() + "/README"));
+  DiskUsage u = Measure(dir.path());
+  CHECK(u.bytes - foreign <= ro.max_bytes);
+  CHECK(u.bytes - foreign == second.retention_stats().bytes);
+  CHECK(*u.windows.rbegin() == 1700000000000 + 11 * 15000);  // the newest kept
+  for (int w = 12; w < 20; ++w) {
+    REQUIRE(second.Export(MakeProfile(7, 1700000000000 + w * 15000, 6000, &rng)).ok());
+    CHECK(Measure(dir.path()).bytes - foreign <= ro.max_bytes);
+  }
+  CHECK(*Measure(dir.path()).windows.rbegin() == 1700000000000 + 19 * 15000);
+}
+
+TEST_CASE("retention: the index bound deletes the oldest files beyond it", "[unit]") {
+  TempDir dir;
+  RetentionOptions ro;
+  ro.max_age = absl::Hours(24 * 365 * 100);
+  ro.max_files = 10;
+  FileExporter files(dir.path(), ro);
+  REQUIRE(files.Start(absl::Now()).ok());
+  std::mt19937 rng(4);
+  for (int w = 0; w < 25; ++w) {
+    REQUIRE(files.Export(MakeProfile(5, absl::ToUnixMillis(absl::Now()) + w, 10, &rng)).ok());
+  }
+  DiskUsage u = Measure(dir.path());
+  CHECK(u.files == 10);
+  CHECK(files.retention_stats().deleted_files_bound == 15);
+}
+
+}  // namespace parascope
