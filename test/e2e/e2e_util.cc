@@ -391,9 +391,13 @@ static RawProfile::Line ParseLocationLine(absl::string_view body) {
 // lines "key:[value]"; "Locations", lines "  id: 0xaddr M=m fn :line s=start(sysname)" (inlined
 // frames continue on indented lines); "Mappings", lines "  id: 0xstart/0xlimit/0xoffset file
 // buildid [FN]".
+// -symbolize=none: the profile as the agent wrote it. Without it pprof names unsymbolized
+// addresses itself from the mapping's file when this (root) test process can read it, which hid
+// every frame the agent failed to name (a Pyroscope server never does that).
 RawProfile ReadWithPprof(const std::string& path) {
   std::string out, err;
-  int rc = RunCommand(std::string(PS_PPROF_BIN) + " -raw '" + path + "'", &out, &err);
+  int rc = RunCommand(std::string(PS_PPROF_BIN) + " -raw -symbolize=none '" + path + "'", &out,
+                      &err);
   INFO("pprof -raw " << path << ": " << err);
   REQUIRE(rc == 0);
   RawProfile p;

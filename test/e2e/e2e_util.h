@@ -101,7 +101,8 @@ struct RawProfile {
   bool IsKernelFrame(uint64_t location_id) const;
 };
 
-// Runs `pprof -raw FILE` (PS_PPROF_BIN) and parses it. Test failure if pprof fails.
+// Runs `pprof -raw -symbolize=none FILE` (PS_PPROF_BIN: the names the agent wrote, none that
+// pprof would look up itself) and parses it. Test failure if pprof fails.
 RawProfile ReadWithPprof(const std::string& path);
 
 // A complete Go duration string ("2s", "1m0s", "1.5ms", "250µs") in ns; -1 if it is not one

@@ -129,7 +129,7 @@ bool ParseHex(absl::string_view t, uint64_t* v) {
 
 Addresses ReadAddresses(const std::string& path) {
   std::string out, err;
-  int rc = RunCommand(std::string(PS_PPROF_BIN) + " -raw '" + path + "'", &out, &err);
+  int rc = RunCommand(std::string(PS_PPROF_BIN) + " -raw -symbolize=none '" + path + "'", &out, &err);
   INFO("pprof -raw " << path << ": " << err);
   REQUIRE(rc == 0);
   Addresses a;
