@@ -28,28 +28,14 @@
 #include "absl/time/clock.h"
 #include "agent/symbolize/dwarf.h"
 #include "agent/symbolize/elf_file.h"
+#include "test/unit/temp_dir.h"
 
 namespace parascope::symbolize {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "ps-debuginfod-XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using unit_testing::TempDir;
 
 // Polls `done` every 10 ms until it holds or `timeout` passes; returns its last value.
 template <typename F>

@@ -19,28 +19,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/export/file_exporter.h"
+#include "test/unit/temp_dir.h"
 
 namespace parascope {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "ps-retention-XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using unit_testing::TempDir;
 
 // What the directory holds on disk: every regular file's allocated bytes, and the window starts
 // of the profile files.
