@@ -39,7 +39,9 @@
 #include "agent/symbolize/elf_cache.h"
 #include "agent/symbolize/kallsyms.h"
 #include "agent/symbolize/stack_symbolizer.h"
+#include "agent/util/capabilities.h"
 #include "agent/util/log.h"
+#include "agent/util/sd_notify.h"
 #include "agent/util/status.h"
 
 namespace parascope {
@@ -81,6 +83,7 @@ Wake WaitForWake(int64_t deadline_ns, int signal_fd, proc::TargetProcesses* targ
         }
         Log(LogLevel::kInfo, "received %s: flushing the current window",
             strsignal(static_cast<int>(si.ssi_signo)));
+        (void)SdNotify("STOPPING=1");
         *got = si;
         return Wake::kSignal;
       }
@@ -642,6 +645,7 @@ void WaitForCommand(proc::Command* command, int signal_fd) {
 absl::Status RunAgent(const Config& config, int* exit_status) {
   *exit_status = 0;
   InstallLibbpfLogger();
+  PS_RETURN_IF_ERROR(CheckAgentCapabilities());
   PS_RETURN_IF_ERROR(ProbeBpfEnvironment());
   // Command mode: the command's process first, while the agent has one thread (fork); it waits
   // until the programs are attached and it is in the tree.
@@ -887,6 +891,21 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
           ? absl::StrCat(", for ", absl::FormatDuration(config.duration))
           : std::string());
 
+  // Loaded and attached: CAP_BPF, CAP_PERFMON and whatever else the agent will not use again go
+  // (util/capabilities.h).
+  {
+    std::vector<std::string> dropped;
+    if (absl::Status s = DropCapabilitiesAfterAttach(&dropped); !s.ok()) {
+      Log(LogLevel::kWarning, "could not drop capabilities after attaching: %s", s.ToString());
+    } else if (!dropped.empty()) {
+      Log(LogLevel::kDebug, "dropped %d capabilities after attaching: %s",
+          static_cast<int>(dropped.size()), absl::StrJoin(dropped, ", "));
+    }
+  }
+  // Type=notify: profiling from here on (deploy/systemd/parascope.service).
+  if (absl::Status s = SdNotify("READY=1\nSTATUS=profiling"); !s.ok()) {
+    Log(LogLevel::kWarning, "sd_notify: %s", s.ToString());
+  }
   WindowSchedule schedule(bpf->start_mono_ns(), absl::ToInt64Nanoseconds(config.collect_interval),
                           absl::ToInt64Nanoseconds(config.duration));
   uint64_t windows = 0, profiles_written = 0, export_errors = 0, impostor_records = 0;

@@ -51,7 +51,7 @@ TEST_CASE("cli: without privileges the agent exits 1 saying what to grant", "[ro
   INFO(agent.stderr_text());
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 1);
-  CHECK(absl::StrContains(agent.stderr_text(), "run parascope as root, or grant CAP_BPF and CAP_PERFMON"));
+  CHECK(absl::StrContains(agent.stderr_text(), "missing capabilities CAP_BPF"));
 }
 
 TEST_CASE("e2e: 3:1 CPU workload gives 0.75/0.25 shares and its exact CPU total",
