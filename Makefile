@@ -12,7 +12,7 @@ PYTHON ?= /usr/bin/python3
 FUZZ_SECONDS ?= 300
 FUZZ_TARGETS ?= proc perf_map elf cfi
 
-.PHONY: all setup build run test unit fuzz bench clean test-kernels
+.PHONY: all setup build run test unit fuzz bench clean test-kernels install install-files
 
 all: build
 
@@ -64,6 +64,23 @@ bench: setup $(PPROF)
 	cmake --build $(BUILD) -j $(JOBS) --target parascope unwind_table_bench
 	BENCH_OUT=$(abspath $(BUILD))/bench PARASCOPE=$(abspath $(BUILD))/bin/parascope \
 	  $(PYTHON) bench/bench.py
+
+# `sudo make install`: the agent, its systemd unit (deploy/systemd/parascope.service), the host
+# configuration (/etc/parascope/config.yaml, kept when it exists) and the documented example.
+# DESTDIR stages the tree elsewhere (packaging, tests).
+PREFIX ?= /usr/local
+SYSCONFDIR ?= /etc
+SUBST = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|/etc/parascope/|$(SYSCONFDIR)/parascope/|g'
+install: build install-files
+# The copying alone, from an existing build (test/e2e/deploy_e2e_test.cc stages it with PREFIX).
+install-files:
+	install -D -m 0755 $(BUILD)/bin/parascope $(DESTDIR)$(PREFIX)/bin/parascope
+	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/share/doc/parascope \
+	  $(DESTDIR)$(SYSCONFDIR)/parascope
+	$(SUBST) deploy/systemd/parascope.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/parascope.service
+	install -m 0644 README.md deploy/config.example.yaml $(DESTDIR)$(PREFIX)/share/doc/parascope/
+	test -e $(DESTDIR)$(SYSCONFDIR)/parascope/config.yaml || \
+	  $(SUBST) deploy/systemd/config.yaml > $(DESTDIR)$(SYSCONFDIR)/parascope/config.yaml
 
 clean:
 	rm -rf $(BUILD)
