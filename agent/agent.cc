@@ -25,6 +25,9 @@
 #include "agent/export/file_exporter.h"
 #include "agent/export/labels.h"
 #include "agent/export/pyroscope_exporter.h"
+#include "agent/k8s/metadata.h"
+#include "agent/k8s/pod_watcher.h"
+#include "agent/k8s/pods.h"
 #include "agent/profile/profile_set.h"
 #include "agent/profile/summary.h"
 #include "agent/proc/command.h"
@@ -557,6 +560,82 @@ std::vector<server::CallbackRegistration> RegisterRetentionMetrics(
   return regs;
 }
 
+// Kubernetes metadata (agent/k8s/): the API server's state and what the lookups found.
+std::vector<server::CallbackRegistration> RegisterKubernetesMetrics(
+    server::MetricsRegistry* registry, const k8s::PodWatcher* watcher, const k8s::PodStore* store,
+    const k8s::KubernetesMetadata* metadata, const std::atomic<uint64_t>* untargeted) {
+  using server::CallbackSample;
+  using server::MetricType;
+  std::vector<server::CallbackRegistration> regs;
+  regs.push_back(registry->AddCallback(
+      MetricType::kGauge, "parascope_kubernetes_api_up",
+      "1 while the Kubernetes API server answers the pod list and watch, 0 while it fails "
+      "(profiling goes on; pods known before keep their labels).",
+      {}, [watcher] {
+        return std::vector<CallbackSample>{{{}, watcher->stats().up ? 1.0 : 0.0}};
+      }));
+  regs.push_back(registry->AddCallback(
+      MetricType::kCounter, "parascope_kubernetes_api_errors_total",
+      "Failed Kubernetes API requests and events by reason: connect (no connection, TLS, "
+      "timeout), status (HTTP status not 200), decode (not a pod list or watch event), expired "
+      "(410 Gone: listed again), token (service account token unreadable).",
+      {"reason"}, [watcher] {
+        k8s::PodWatcherStats s = watcher->stats();
+        return std::vector<CallbackSample>{
+            {{"connect"}, static_cast<double>(s.errors_connect)},
+            {{"status"}, static_cast<double>(s.errors_status)},
+            {{"decode"}, static_cast<double>(s.errors_decode)},
+            {{"expired"}, static_cast<double>(s.errors_expired)},
+            {{"token"}, static_cast<double>(s.errors_token)}};
+      }));
+  regs.push_back(registry->AddCallback(
+      MetricType::kCounter, "parascope_kubernetes_pod_lists_total",
+      "Complete lists of this node's pods stored (at start, after errors, at each resync).", {},
+      [watcher] {
+        return std::vector<CallbackSample>{{{}, static_cast<double>(watcher->stats().lists)}};
+      }));
+  regs.push_back(registry->AddCallback(
+      MetricType::kCounter, "parascope_kubernetes_watch_events_total",
+      "Pod watch events received, by type.", {"type"}, [watcher] {
+        k8s::PodWatcherStats s = watcher->stats();
+        return std::vector<CallbackSample>{
+            {{"added"}, static_cast<double>(s.events_added)},
+            {{"modified"}, static_cast<double>(s.events_modified)},
+            {{"deleted"}, static_cast<double>(s.events_deleted)},
+            {{"bookmark"}, static_cast<double>(s.events_bookmark)}};
+      }));
+  regs.push_back(registry->AddCallback(
+      MetricType::kGauge, "parascope_kubernetes_pods", "Pods of this node known to the agent.",
+      {}, [store] {
+        return std::vector<CallbackSample>{{{}, static_cast<double>(store->stats().pods)}};
+      }));
+  regs.push_back(registry->AddCallback(
+      MetricType::kCounter, "parascope_kubernetes_pods_dropped_total",
+      "Pods not kept because the pod store was full.", {}, [store] {
+        return std::vector<CallbackSample>{{{}, static_cast<double>(store->stats().dropped)}};
+      }));
+  regs.push_back(registry->AddCallback(
+      MetricType::kCounter, "parascope_kubernetes_lookups_total",
+      "Processes' Kubernetes metadata lookups by result: pod (found), pod_unknown (a container "
+      "or pod the API server has not described, asked again next window), not_in_pod.",
+      {"result"}, [metadata] {
+        k8s::MetadataStats s = metadata->stats();
+        return std::vector<CallbackSample>{
+            {{"pod"}, static_cast<double>(s.pod)},
+            {{"pod_unknown"}, static_cast<double>(s.pod_unknown)},
+            {{"not_in_pod"}, static_cast<double>(s.not_in_pod)}};
+      }));
+  regs.push_back(registry->AddCallback(
+      MetricType::kCounter, "parascope_target_excluded_processes_total",
+      "Process windows left out by --target-namespaces / --target-pod-selector (not in a "
+      "selected pod, or in a pod not known yet).",
+      {}, [untargeted] {
+        return std::vector<CallbackSample>{
+            {{}, static_cast<double>(untargeted->load(std::memory_order_relaxed))}};
+      }));
+  return regs;
+}
+
 std::vector<server::CallbackRegistration> RegisterDebuginfodMetrics(
     server::MetricsRegistry* registry, const symbolize::Debuginfod* debuginfod) {
   using server::CallbackSample;
@@ -713,6 +792,21 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
         config.debuginfod_cache_max_bytes);
   }
 
+  // Kubernetes metadata: the store and lookups now, the watcher once attached (its thread then
+  // starts without the capabilities dropped after attaching). processes_ptr is set once the
+  // process table exists, before any profile is labeled.
+  std::unique_ptr<k8s::PodStore> pod_store;
+  std::unique_ptr<k8s::KubernetesMetadata> k8s_metadata;
+  proc::ProcessTable* processes_ptr = nullptr;
+  if (config.kubernetes) {
+    k8s::TargetOptions to;
+    to.namespaces.insert(config.target_namespaces.begin(), config.target_namespaces.end());
+    PS_ASSIGN_OR_RETURN(to.pod_selector, k8s::LabelSelector::Parse(config.target_pod_selector));
+    pod_store = std::make_unique<k8s::PodStore>();
+    k8s_metadata = std::make_unique<k8s::KubernetesMetadata>(
+        pod_store.get(), config.kubernetes_node_name, std::move(to));
+  }
+
   // Push exporter first: bad TLS files or secrets fail before anything is loaded.
   std::unique_ptr<SeriesLabeler> labeler;
   std::unique_ptr<PyroscopeExporter> pusher;
@@ -736,10 +830,25 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
     po.shutdown_timeout = config.shutdown_timeout;
     po.window = config.collect_interval;
     LabelOptions lo;
+    // In a pod gethostname(2) is the agent pod's name, new at every rollout: the node's name is
+    // the host's.
+    if (config.kubernetes) lo.hostname = config.kubernetes_node_name;
     lo.service_name = config.service_name;
     lo.pid_filter_run = !config.pids.empty();
     lo.external = config.external_labels;
     lo.pid_label = config.pid_label;
+    if (k8s_metadata != nullptr) {
+      k8s::KubernetesMetadata* m = k8s_metadata.get();
+      proc::ProcessTable** table = &processes_ptr;
+      lo.kubernetes = [m, table](const proc::ProcessKey& key, absl::string_view cgroup) {
+        std::string text(cgroup);
+        if (text.empty() && *table != nullptr) {
+          // Exited since: the cgroup read with its snapshot at exec.
+          if (auto info = (*table)->Get(key); info.ok()) text = (*info)->cgroup;
+        }
+        return m->Lookup(text);
+      };
+    }
     labeler = std::make_unique<SeriesLabeler>(lo);
     SeriesLabeler* l = labeler.get();
     PS_ASSIGN_OR_RETURN(
@@ -782,6 +891,8 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
       std::min<rlim_t>(4096, nofile.rlim_cur == RLIM_INFINITY ? 4096 : nofile.rlim_cur / 4));
   // Before the programs: the unwinder's thread snapshots processes into it from the first event.
   proc::ProcessTable processes("/proc", 8192, max_pinned);
+  processes.set_read_cgroup(k8s_metadata != nullptr);
+  processes_ptr = &processes;
   opts.processes = &processes;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<BpfPrograms> bpf, BpfPrograms::Create(opts));
   // Unix time of a monotonic instant: windows are cut on CLOCK_MONOTONIC (what BPF sees).
@@ -854,6 +965,19 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
   if (file_exporter != nullptr && file_exporter->retention_enabled()) {
     retention_metrics = RegisterRetentionMetrics(&registry, file_exporter.get());
   }
+  std::atomic<uint64_t> untargeted{0};
+  std::unique_ptr<k8s::PodWatcher> pod_watcher;
+  std::vector<server::CallbackRegistration> k8s_metrics;
+  if (k8s_metadata != nullptr) {
+    k8s::PodWatcherOptions wo;
+    wo.api_url = config.kubernetes_api_url;
+    wo.node_name = config.kubernetes_node_name;
+    wo.token_file = config.kubernetes_token_file;
+    wo.ca_file = config.kubernetes_ca_file;
+    pod_watcher = std::make_unique<k8s::PodWatcher>(wo, pod_store.get());
+    k8s_metrics = RegisterKubernetesMetrics(&registry, pod_watcher.get(), pod_store.get(),
+                                            k8s_metadata.get(), &untargeted);
+  }
   std::vector<server::CallbackRegistration> debuginfod_metrics;
   if (debuginfod != nullptr) {
     debuginfod_metrics = RegisterDebuginfodMetrics(&registry, debuginfod.get());
@@ -901,6 +1025,17 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
       Log(LogLevel::kDebug, "dropped %d capabilities after attaching: %s",
           static_cast<int>(dropped.size()), absl::StrJoin(dropped, ", "));
     }
+  }
+  if (pod_watcher != nullptr) {
+    PS_RETURN_IF_ERROR(pod_watcher->Start());
+    Log(LogLevel::kInfo, "kubernetes: watching the pods of node %s on %s%s",
+        config.kubernetes_node_name, config.kubernetes_api_url,
+        k8s_metadata->targeting()
+            ? absl::StrCat("; profiling only pods", config.target_namespaces.empty() ? "" : " in ",
+                           absl::StrJoin(config.target_namespaces, ","),
+                           config.target_pod_selector.empty() ? "" : " matching ",
+                           config.target_pod_selector)
+            : std::string());
   }
   // Type=notify: profiling from here on (deploy/systemd/parascope.service).
   if (absl::Status s = SdNotify("READY=1\nSTATUS=profiling"); !s.ok()) {
@@ -958,6 +1093,19 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
     auto owner_key = [&](const proc::ProcessKey& k) -> const proc::ProcessKey& {
       return owner != nullptr ? tree_owner.process : k;
     };
+    // --target-namespaces / --target-pod-selector: decided once per process and window from
+    // the cgroup read with its snapshot (so a process that exited is judged too).
+    absl::flat_hash_map<proc::ProcessKey, bool> selected;
+    auto targeted = [&](const proc::ProcessKey& k) {
+      if (k8s_metadata == nullptr || !k8s_metadata->targeting()) return true;
+      auto [it, inserted] = selected.try_emplace(k, false);
+      if (inserted) {
+        auto info = processes.Get(k);
+        it->second = info.ok() && k8s_metadata->Selected((*info)->cgroup);
+        if (!it->second) untargeted.fetch_add(1, std::memory_order_relaxed);
+      }
+      return it->second;
+    };
     absl::flat_hash_map<proc::ProcessKey, RecordIndex> by_process;
     for (uint32_t i = 0; i < data->oncpu.size(); ++i) {
       by_process[owner_key(data->oncpu[i].process)].oncpu.push_back(i);
@@ -983,6 +1131,7 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
                          key.tgid);
         continue;
       }
+      if (!targeted(key)) continue;
       const int64_t c0 = ThreadCpuNs();
       // Off-CPU first: the wall profile then starts as a copy of the off_cpu one.
       for (uint32_t i : index.offcpu) profile_set.AddOffCpu(data->offcpu[i], owner);
@@ -1014,6 +1163,7 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
         const OnCpuRecord& r = data->oncpu[i];
         // A --pid run's impostors are left out (in command mode BPF records the tree alone).
         if (command == nullptr && !targets.empty() && !targets.Matches(r.process)) continue;
+        if (!targeted(r.process)) continue;
         by_group[r.group].push_back(i);
       }
       for (const auto& [id, index] : by_group) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <iostream>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "agent/config/config_file.h"
 #include "agent/config/flags.h"
 #include "agent/export/labels.h"
+#include "agent/k8s/pods.h"
 #include "agent/util/log.h"
 
 ABSL_FLAG(std::string, config, "",
@@ -97,6 +99,26 @@ ABSL_FLAG(std::string, latency_group, "process",
           "cgroup (each cgroup v2: a systemd unit, a container; latency profiles written per "
           "cgroup) or tree (a command and its descendants; the default in command mode, "
           "parascope [flags] -- CMD ARGS...)");
+ABSL_FLAG(std::string, kubernetes, "auto",
+          "Kubernetes pod metadata (namespace, pod, container, node labels): auto (on when "
+          "KUBERNETES_SERVICE_HOST is set, as in a pod), true or false");
+ABSL_FLAG(std::string, kubernetes_api_url, "",
+          "API server URL (default in a pod: https://$KUBERNETES_SERVICE_HOST:"
+          "$KUBERNETES_SERVICE_PORT)");
+ABSL_FLAG(std::string, kubernetes_node_name, "",
+          "this node's name: only its pods are watched (default: $NODE_NAME, set from the "
+          "downward API's spec.nodeName)");
+ABSL_FLAG(std::string, kubernetes_token_file,
+          "/var/run/secrets/kubernetes.io/serviceaccount/token",
+          "bearer token for the API server, read again before each request (empty: none)");
+ABSL_FLAG(std::string, kubernetes_ca_file, "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+          "CA bundle that signed the API server's certificate (https)");
+ABSL_FLAG(std::vector<std::string>, target_namespaces, {},
+          "profile only processes of pods in these namespaces (comma-separated; default: all "
+          "processes)");
+ABSL_FLAG(std::string, target_pod_selector, "",
+          "profile only processes of pods whose labels match this label selector, e.g. "
+          "\"app=web,tier in (front,api),!canary\" (default: all processes)");
 
 namespace {
 
@@ -214,11 +236,6 @@ int main(int argc, char** argv) {
     return UsageError("--external-label: " + std::string(external.status().message()));
   }
   config.external_labels = *external;
-  if (absl::Status s = parascope::ValidateExternalLabels(config.external_labels,
-                                                         absl::GetFlag(FLAGS_pid_label));
-      !s.ok()) {
-    return UsageError("--external-label: " + std::string(s.message()));
-  }
   config.service_name = absl::GetFlag(FLAGS_service_name);
   config.pid_label = absl::GetFlag(FLAGS_pid_label);
   config.queue_max_bytes = absl::GetFlag(FLAGS_queue_max_bytes);
@@ -250,6 +267,43 @@ int main(int argc, char** argv) {
     config.latency_group = parascope::Config::LatencyGroup::kTree;
   } else {
     return UsageError("--latency-group: expected process, cgroup or tree, got '" + group + "'");
+  }
+  const std::string kubernetes = absl::GetFlag(FLAGS_kubernetes);
+  const char* service_host = std::getenv("KUBERNETES_SERVICE_HOST");
+  if (kubernetes == "auto") {
+    config.kubernetes = service_host != nullptr && *service_host != '\0';
+  } else if (kubernetes == "true" || kubernetes == "false") {
+    config.kubernetes = kubernetes == "true";
+  } else {
+    return UsageError("--kubernetes: expected auto, true or false, got '" + kubernetes + "'");
+  }
+  config.kubernetes_api_url = absl::GetFlag(FLAGS_kubernetes_api_url);
+  if (config.kubernetes_api_url.empty() && service_host != nullptr && *service_host != '\0') {
+    // The in-cluster address (client-go rest.InClusterConfig); an IPv6 host needs brackets.
+    const char* port = std::getenv("KUBERNETES_SERVICE_PORT");
+    std::string host = service_host;
+    if (host.find(':') != std::string::npos) host = "[" + host + "]";
+    config.kubernetes_api_url =
+        "https://" + host + ":" + (port != nullptr && *port != '\0' ? port : "443");
+  }
+  config.kubernetes_node_name = absl::GetFlag(FLAGS_kubernetes_node_name);
+  if (config.kubernetes_node_name.empty()) {
+    const char* node = std::getenv("NODE_NAME");
+    if (node != nullptr) config.kubernetes_node_name = node;
+  }
+  config.kubernetes_token_file = absl::GetFlag(FLAGS_kubernetes_token_file);
+  config.kubernetes_ca_file = absl::GetFlag(FLAGS_kubernetes_ca_file);
+  for (const std::string& ns : absl::GetFlag(FLAGS_target_namespaces)) {
+    if (!ns.empty()) config.target_namespaces.push_back(ns);
+  }
+  config.target_pod_selector = absl::GetFlag(FLAGS_target_pod_selector);
+  if (auto sel = parascope::k8s::LabelSelector::Parse(config.target_pod_selector); !sel.ok()) {
+    return UsageError("--target-pod-selector: " + std::string(sel.status().message()));
+  }
+  if (absl::Status s = parascope::ValidateExternalLabels(
+          config.external_labels, absl::GetFlag(FLAGS_pid_label), config.kubernetes);
+      !s.ok()) {
+    return UsageError("--external-label: " + std::string(s.message()));
   }
   if (!command.empty()) {
     // Command mode, like `perf record -- CMD`: the summary is printed, profiles are written to

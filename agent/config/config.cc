@@ -121,6 +121,39 @@ absl::Status Config::Validate() const {
         "--debuginfod-cache-max-bytes: must be at least 1048576 (1 MiB), got ",
         debuginfod_cache_max_bytes));
   }
+  if (kubernetes) {
+    if (kubernetes_node_name.empty()) {
+      return absl::InvalidArgumentError(
+          "--kubernetes-node-name: needed with Kubernetes metadata (set the NODE_NAME "
+          "environment variable from the downward API, fieldRef spec.nodeName)");
+    }
+    if (!absl::StartsWith(kubernetes_api_url, "http://") &&
+        !absl::StartsWith(kubernetes_api_url, "https://")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kubernetes-api-url: '", kubernetes_api_url,
+          "' is not an http(s):// URL (in a pod it defaults to https://$KUBERNETES_SERVICE_HOST:"
+          "$KUBERNETES_SERVICE_PORT)"));
+    }
+  }
+  const bool targeting = !target_namespaces.empty() || !target_pod_selector.empty();
+  if (targeting && !kubernetes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        target_namespaces.empty() ? "--target-pod-selector" : "--target-namespaces",
+        ": needs Kubernetes metadata (--kubernetes=true, or run in a pod)"));
+  }
+  if (targeting && !command.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        target_namespaces.empty() ? "--target-pod-selector" : "--target-namespaces",
+        ": cannot be combined with a command (command mode profiles the command's processes)"));
+  }
+  for (const std::string& ns : target_namespaces) {
+    bool ok = !ns.empty() && ns.size() <= 63;
+    for (char c : ns) ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-');
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--target-namespaces: '", ns, "' is not a namespace name (RFC 1123 label)"));
+    }
+  }
   if (summary_processes < 1 || summary_functions < 1) {
     return absl::InvalidArgumentError("--summary-processes/--summary-functions: must be >= 1");
   }

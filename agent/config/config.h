@@ -74,6 +74,19 @@ struct Config {
   absl::Duration shutdown_timeout = absl::Seconds(5);
   // /metrics, /healthz, /readyz; empty = no HTTP server.
   std::string http_address = "127.0.0.1:7070";
+  // Kubernetes metadata (agent/k8s/, SPEC section 4): the pods of kubernetes_node_name, listed
+  // and watched on the API server, label each pushed series with namespace, pod, container and
+  // node. main resolves --kubernetes=auto and the in-cluster defaults (environment, service
+  // account files) before Validate.
+  bool kubernetes = false;
+  std::string kubernetes_api_url;     // "https://<KUBERNETES_SERVICE_HOST>:<..._PORT>"
+  std::string kubernetes_node_name;   // $NODE_NAME (downward API spec.nodeName)
+  std::string kubernetes_token_file;  // the service account token, re-read per request
+  std::string kubernetes_ca_file;     // the service account CA bundle
+  // --target-namespaces, --target-pod-selector: profile only processes of pods in these
+  // namespaces whose labels match (label selector syntax, agent/k8s/pods.h); empty = all.
+  std::vector<std::string> target_namespaces;
+  std::string target_pod_selector;
   // At exit, print the busiest processes and their top functions to stdout.
   bool print_summary = false;
   int32_t summary_processes = 5;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 
 #include "absl/strings/ascii.h"
@@ -70,18 +71,46 @@ bool IsContainerIdChars(absl::string_view id) {
   return true;
 }
 
-// The container id named by one cgroup path component, or "".
+// The container id named by one cgroup path component, or "": "<runtime>-<id>.scope" (systemd
+// cgroup driver: docker, libpod, crio, cri-containerd), "crio-<id>" (CRI-O's cgroupfs driver) or
+// a bare id of 64 hex digits (cgroupfs driver: docker, containerd). Monitors (conmon) are not
+// containers.
 std::string ContainerIdOfComponent(absl::string_view component) {
-  if (absl::ConsumeSuffix(&component, ".scope")) {
-    if (absl::StartsWith(component, "libpod-conmon-")) return "";
-    for (absl::string_view runtime : {"docker-", "libpod-", "crio-", "cri-containerd-"}) {
-      absl::string_view id = component;
-      if (absl::ConsumePrefix(&id, runtime) && IsContainerIdChars(id)) return std::string(id);
-    }
+  const bool scope = absl::ConsumeSuffix(&component, ".scope");
+  if (absl::StartsWith(component, "libpod-conmon-") || absl::StartsWith(component, "crio-conmon-")) {
     return "";
   }
-  if (component.size() == 64 && IsContainerIdChars(component)) return std::string(component);
+  for (absl::string_view runtime : {"docker-", "libpod-", "crio-", "cri-containerd-"}) {
+    absl::string_view id = component;
+    if (absl::ConsumePrefix(&id, runtime) && IsContainerIdChars(id) &&
+        (scope || runtime == "crio-")) {
+      return absl::AsciiStrToLower(id);
+    }
+  }
+  if (!scope && component.size() == 64 && IsContainerIdChars(component)) {
+    return absl::AsciiStrToLower(component);
+  }
   return "";
+}
+
+// The pod UID named by one cgroup path component of the kubelet's hierarchy, or "":
+// "pod<uid>" (cgroupfs driver: /kubepods/burstable/pod<uid>) or "...-pod<uid>.slice" (systemd
+// driver: kubepods-besteffort-pod<uid with '_' for '-'>.slice; kind's kubelet-kubepods-...). The
+// uid is 36 characters (8-4-4-4-12 hex) or, for a static pod, its 32-hex-digit config hash.
+std::string PodUidOfComponent(absl::string_view component) {
+  absl::ConsumeSuffix(&component, ".slice");
+  size_t at = component.rfind("pod");
+  if (at == absl::string_view::npos || (at != 0 && component[at - 1] != '-')) return "";
+  absl::string_view uid = component.substr(at + 3);
+  if (uid.size() != 36 && uid.size() != 32) return "";
+  for (size_t i = 0; i < uid.size(); ++i) {
+    char c = uid[i];
+    bool dash_pos = uid.size() == 36 && (i == 8 || i == 13 || i == 18 || i == 23);
+    if (dash_pos ? (c != '-' && c != '_') : !absl::ascii_isxdigit(c)) return "";
+  }
+  std::string out = absl::AsciiStrToLower(uid);
+  std::replace(out.begin(), out.end(), '_', '-');
+  return out;
 }
 
 std::string BaseName(absl::string_view path) {
@@ -199,10 +228,18 @@ CgroupInfo ParseCgroup(absl::string_view cgroup_text) {
   bool unit_done = false;
   for (auto it = components.rbegin(); it != components.rend(); ++it) {
     absl::string_view c = *it;
-    if (info.container_id.empty()) {
+    if (info.container_id.empty() && info.pod_uid.empty()) {
       std::string id = ContainerIdOfComponent(c);
       if (!id.empty()) {
         info.container_id = std::move(id);
+        unit_done = true;
+        continue;
+      }
+    }
+    if (info.pod_uid.empty()) {
+      std::string uid = PodUidOfComponent(c);
+      if (!uid.empty()) {
+        info.pod_uid = std::move(uid);
         unit_done = true;
         continue;
       }
@@ -224,6 +261,8 @@ const char* ServiceNameSourceName(ServiceNameSource source) {
       return "OTEL_SERVICE_NAME";
     case ServiceNameSource::kPyroscopeEnv:
       return "PYROSCOPE_SERVICE_NAME";
+    case ServiceNameSource::kPodAnnotation:
+      return "pod annotation parascope.io/service-name";
     case ServiceNameSource::kKubernetes:
       return "kubernetes";
     case ServiceNameSource::kSystemdUnit:
@@ -283,10 +322,14 @@ SeriesLabeler::Entry SeriesLabeler::Resolve(const proc::ProcessKey& process,
     exe = proc::ReadLink(dir + "/exe");
     same_process = CheckIdentity(process).ok();
   }
-  if (same_process && options_.kubernetes) {
-    e.kubernetes = options_.kubernetes(process, cgroup.ok() ? *cgroup : "");
+  if (options_.kubernetes) {
+    // An exited process's cgroup may still be known to the lookup (read at exec).
+    e.kubernetes = options_.kubernetes(process, same_process && cgroup.ok() ? *cgroup : "");
   }
   if (use_flag) return found(options_.service_name, ServiceNameSource::kFlag);
+  if (e.kubernetes.has_value() && !e.kubernetes->service_name.empty()) {
+    return found(e.kubernetes->service_name, ServiceNameSource::kPodAnnotation);
+  }
   // The process is gone (or its pid reused): only the name the profile was built with is left.
   if (!same_process) {
     return found(process_name.empty() ? "unknown" : process_name, ServiceNameSource::kProcessName);
@@ -324,8 +367,14 @@ const SeriesLabeler::Entry& SeriesLabeler::Lookup(const proc::ProcessKey& proces
                                                   const std::string& process_name) {
   auto it = cache_.find(process);
   if (it != cache_.end()) {
-    it->second.last_used_window = window_;
-    return it->second;
+    Entry& cached = it->second;
+    // A container the API server had not described yet: asked again once a window.
+    if (cached.kubernetes.has_value() && !cached.kubernetes->pod_known &&
+        cached.last_used_window != window_) {
+      cached = Resolve(process, process_name);
+    }
+    cached.last_used_window = window_;
+    return cached;
   }
   Entry e = Resolve(process, process_name);
   e.last_used_window = window_;

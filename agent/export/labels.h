@@ -28,16 +28,22 @@ inline constexpr size_t kMaxLabelValueBytes = 2048;
 using Label = std::pair<std::string, std::string>;
 using LabelList = std::vector<Label>;
 
-// Kubernetes metadata of a process. Filled by a lookup the deploy issue provides (pod UID and
-// container id from the cgroup path, names from the kubelet or API server).
+// Kubernetes metadata of a process (agent/k8s/: container id and pod UID from its cgroup path,
+// names from the API server's pods of this node).
 struct KubernetesInfo {
   std::string namespace_name;
   std::string pod;
   std::string container;
   std::string node;
+  // The pod's parascope.io/service-name annotation: overrides the derived service_name.
+  std::string service_name;
+  // False when the cgroup names a container or pod the API server has not (yet) described: the
+  // labeler asks again in a later window.
+  bool pod_known = true;
 };
 // Returns the metadata of the process whose /proc/<pid>/cgroup text is `cgroup` (may be ""), or
-// nullopt when it is not in a pod. Called once per process (results are cached).
+// nullopt when it is not in a pod. Called once per process, again once per window while the
+// result has pod_known == false.
 using KubernetesLookup =
     std::function<std::optional<KubernetesInfo>(const proc::ProcessKey&, absl::string_view cgroup)>;
 
@@ -89,16 +95,24 @@ struct CgroupInfo {
   // container's are services (a container's processes are not labeled by the unit that runs the
   // container engine). session-*.scope, init.scope and slices are never units here.
   std::string systemd_unit;
-  // A container id recognised in `path`: "<runtime>-<id>.scope" for docker, libpod (podman),
-  // crio, cri-containerd (systemd cgroup driver), or a 64-hex-digit component (cgroupfs driver,
-  // e.g. "/docker/<id>"); "" when none. libpod-conmon-*.scope (podman's monitor) is not one.
+  // A container id recognised in `path`, lower case: "<runtime>-<id>.scope" for docker, libpod
+  // (podman), crio, cri-containerd (systemd cgroup driver), "crio-<id>" (CRI-O with cgroupfs), or
+  // a 64-hex-digit component (cgroupfs driver, e.g. "/docker/<id>", "/kubepods/.../pod<uid>/<id>");
+  // "" when none. libpod-conmon-*.scope and crio-conmon-*.scope (monitors) are not ones. The
+  // deepest one wins: in nested containers (kind's nodes) the innermost is the process's own.
   std::string container_id;
+  // The kubelet's pod UID from the pod's cgroup above the container (cgroupfs "pod<uid>", systemd
+  // "kubepods-<qos>-pod<uid with _>.slice", kind's "kubelet-kubepods-...-pod<uid>.slice"), dashed
+  // and lower case; a static pod's is its 32-hex-digit config hash. "" when none.
+  std::string pod_uid;
 };
 CgroupInfo ParseCgroup(absl::string_view cgroup_text);
 
-// Where a service_name came from, in the order of SPEC section 4.
+// Where a service_name came from, in the order of SPEC section 4; the pod annotation (issue 12:
+// an operator's explicit choice for the pod) comes right after the flag.
 enum class ServiceNameSource {
   kFlag,          // --service-name (pid filter run)
+  kPodAnnotation,  // the pod's parascope.io/service-name annotation
   kOtelEnv,       // OTEL_SERVICE_NAME
   kPyroscopeEnv,  // PYROSCOPE_SERVICE_NAME
   kKubernetes,    // <namespace>/<container>

@@ -144,6 +144,10 @@ absl::StatusOr<std::shared_ptr<ProcessInfo>> ProcessTable::Read(const ProcessKey
   }
   absl::StatusOr<std::string> exe = ReadLink(dir + "/exe");
   if (exe.ok()) info->exe_path = *std::move(exe);
+  if (read_cgroup_.load(std::memory_order_relaxed)) {
+    absl::StatusOr<std::string> cgroup = ReadFileToString(dir + "/cgroup");
+    if (cgroup.ok()) info->cgroup = *std::move(cgroup);
+  }
   PS_ASSIGN_OR_RETURN(info->maps, ReadMaps(key));
   info->files.resize(info->maps.size());
   return info;

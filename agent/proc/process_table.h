@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -81,6 +82,10 @@ struct ProcessInfo {
   // unreadable, or the table's bound on open files was reached).
   std::vector<std::shared_ptr<const PinnedFile>> files;
   bool snapshot = false;       // read while BPF saw the image run (Snapshot), not at flush
+  // /proc/<tgid>/cgroup as read with the rest (man 7 cgroups), when the table was asked to
+  // (set_read_cgroup; Kubernetes metadata), else "". Read at exec for a snapshot, so a process
+  // that exits before the window ends keeps it.
+  std::string cgroup;
 
   // Returns the index into maps of the mapping with start <= addr < end, or -1. O(log n).
   int FindIndex(uint64_t addr) const;
@@ -121,6 +126,9 @@ class ProcessTable {
   // of the new read's are kept (a library unmapped since, or all of them when the process is
   // exiting and its maps read empty). Errors as Get; a failure is not cached.
   absl::StatusOr<std::shared_ptr<const ProcessInfo>> Snapshot(const ProcessKey& key);
+  // Makes every later read also read /proc/<tgid>/cgroup into ProcessInfo::cgroup (one more
+  // small read per process; off by default).
+  void set_read_cgroup(bool on) { read_cgroup_.store(on, std::memory_order_relaxed); }
   // True when an entry for `key` was made by Snapshot.
   bool HasSnapshot(const ProcessKey& key) const;
 
@@ -205,6 +213,7 @@ class ProcessTable {
   void MakeRoomLocked();
 
   const std::string proc_root_;
+  std::atomic<bool> read_cgroup_{false};
   const size_t max_processes_;
   const size_t max_pinned_files_;
   mutable std::mutex mu_;

@@ -3,10 +3,13 @@
 // failures are scripted through the receiver's stdin; waits are on events (receiver lines, the
 // agent's per-window debug line), durations of outages are counted in the agent's own windows.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -21,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "test/e2e/e2e_util.h"
+#include "test/k8s/fake_apiserver.h"
 #include "test/receiver/receiver_client.h"
 
 namespace parascope::testing {
@@ -553,6 +557,201 @@ TEST_CASE("push: TLS verifies the server with --tls-ca-file, a wrong CA fails cl
         CHECK(receiver.OkRecords().size() > 0);
       }
     }
+  }
+}
+
+// ---- Kubernetes metadata (issue 12): a fake API server, workloads in pod cgroups ----
+
+// One pod's container: a cgroup v2 as the kubelet's systemd driver and the runtime name them
+// (kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid with _>.slice/<runtime>-<id>.scope),
+// made below a test directory of the cgroup2 mount, with a 3:1 workload moved into it before the
+// agent starts (as runc places a container's process before it execs).
+struct PodContainer {
+  PodContainer(const testing::FakePod& pod, const std::string& qos, const std::string& scope_prefix,
+               double seconds)
+      : workload(seconds) {
+    std::string mount;
+    {
+      std::ifstream mounts("/proc/self/mounts");
+      std::string dev, dir, type, rest;
+      while (mounts >> dev >> dir >> type) {
+        std::getline(mounts, rest);
+        if (type == "cgroup2") mount = dir;
+      }
+    }
+    INFO("no cgroup2 mount (/sys/fs/cgroup or /sys/fs/cgroup/unified)");
+    REQUIRE(!mount.empty());
+    std::string uid = pod.uid;
+    std::replace(uid.begin(), uid.end(), '-', '_');
+    top = absl::StrCat(mount, "/parascope-e2e-", getpid(), "-", pod.name);
+    dirs = {top, top + "/kubepods.slice",
+            top + "/kubepods.slice/kubepods-" + qos + ".slice",
+            top + "/kubepods.slice/kubepods-" + qos + ".slice/kubepods-" + qos + "-pod" + uid +
+                ".slice"};
+    dirs.push_back(dirs.back() + "/" + scope_prefix + pod.container_id + ".scope");
+    for (const std::string& d : dirs) mkdir(d.c_str(), 0755);
+    std::ofstream procs(dirs.back() + "/cgroup.procs");
+    procs << workload.pid << "\n";
+    procs.close();
+    REQUIRE(procs.good());
+  }
+  ~PodContainer() {
+    workload.child.reset();  // kills and reaps it: a cgroup with a process cannot be removed
+    for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) rmdir(it->c_str());
+  }
+  Workload workload;
+  std::string top;
+  std::vector<std::string> dirs;
+};
+
+// Two pods of node "node-e2e": checkout (namespace shop, containerd, burstable) and report
+// (namespace batch, CRI-O, besteffort, annotated parascope.io/service-name=nightly-report).
+struct TwoPods {
+  TwoPods() {
+    checkout.uid = "5f0c3a9e-2b7d-4c1a-8e6f-9d3b2a1c0e4f";
+    checkout.name = "checkout-1";
+    checkout.namespace_name = "shop";
+    checkout.node = "node-e2e";
+    checkout.app = "checkout";
+    checkout.tier = "api";
+    checkout.container = "checkout";
+    checkout.container_id = std::string(56, 'a') + absl::StrCat(absl::Hex(getpid(), absl::kZeroPad8));
+    report = checkout;
+    report.uid = "c1d2e3f4-a5b6-4c7d-8e9f-0a1b2c3d4e5f";
+    report.name = "report-1";
+    report.namespace_name = "batch";
+    report.app = "report";
+    report.tier = "batch";
+    report.container = "report";
+    report.runtime = "cri-o";
+    report.container_id = std::string(56, 'b') + absl::StrCat(absl::Hex(getpid(), absl::kZeroPad8));
+    report.service_annotation = "nightly-report";
+  }
+  testing::FakePod checkout, report;
+};
+
+std::string WriteToken(const TempDir& dir) {
+  std::string path = dir.path() + "/token";
+  std::ofstream(path) << "e2e-token\n";
+  return path;
+}
+
+// Acceptance 4 of issue 12: labels from the API server's pods; a dead API server does not stop
+// profiling, raises the metric, and pods known before keep their labels.
+TEST_CASE("kubernetes: pushed series carry namespace, pod, container, node, service_name; a dead "
+          "API server keeps profiling",
+          "[root][e2e][push][kubernetes]") {
+  if (!RequireRoot()) return;
+  TwoPods pods;
+  testing::FakeApiServer api("node-e2e", "e2e-token");
+  api.Apply(pods.checkout);
+  api.Apply(pods.report);
+  PodContainer checkout(pods.checkout, "burstable", "cri-containerd-", 30);
+  PodContainer report(pods.report, "besteffort", "crio-", 30);
+  TempDir dir;
+  TestReceiver receiver({"--strict"});
+  Agent agent({"--kubernetes=true", "--kubernetes-api-url=" + api.url(),
+               "--kubernetes-node-name=node-e2e", "--kubernetes-token-file=" + WriteToken(dir),
+               "--profiles=cpu", "--sampling-frequency=49", "--collect-interval=2s",
+               "--pid-label", "--remote-url=" + receiver.GrpcUrl()});
+  checkout.workload.Go();
+  report.workload.Go();
+  const std::string a = std::to_string(checkout.workload.pid);
+  const std::string b = std::to_string(report.workload.pid);
+  auto pushed_for = [&](const std::string& pid) {
+    std::vector<std::map<std::string, std::string>> out;
+    for (const auto& r : receiver.OkRecords()) {
+      auto l = Labels(r);
+      if (l["pid"] == pid && l["__name__"] == "process_cpu") out.push_back(l);
+    }
+    return out;
+  };
+  REQUIRE(receiver.WaitFor([&](const auto&) {
+    return !pushed_for(a).empty() && !pushed_for(b).empty();
+  }, 60));
+  std::map<std::string, std::string> want_a = {
+      {"__name__", "process_cpu"}, {"service_name", "shop/checkout"}, {"hostname", "node-e2e"},
+      {"namespace", "shop"}, {"pod", "checkout-1"}, {"container", "checkout"},
+      {"node", "node-e2e"}, {"pid", a}};
+  std::map<std::string, std::string> want_b = {
+      {"__name__", "process_cpu"}, {"service_name", "nightly-report"}, {"hostname", "node-e2e"},
+      {"namespace", "batch"}, {"pod", "report-1"}, {"container", "report"},
+      {"node", "node-e2e"}, {"pid", b}};
+  CHECK(pushed_for(a).front() == want_a);
+  CHECK(pushed_for(b).front() == want_b);
+  // Processes outside the pods' cgroups get no Kubernetes labels.
+  for (const auto& r : receiver.OkRecords()) {
+    auto l = Labels(r);
+    if (l["pid"] != a && l["pid"] != b) {
+      INFO("pid " << l["pid"] << " service_name " << l["service_name"]);
+      CHECK(l.count("namespace") == 0);
+      CHECK(l.count("pod") == 0);
+    }
+  }
+  std::string metrics = agent.Get("/metrics");
+  CHECK(MetricValue(metrics, "parascope_kubernetes_api_up") == 1);
+  CHECK(MetricValue(metrics, "parascope_kubernetes_pods") == 2);
+  CHECK(MetricValue(metrics, "parascope_kubernetes_lookups_total{result=\"pod\"}") >= 2);
+  CHECK(api.refused().empty());
+
+  // The API server dies mid-run.
+  api.Stop();
+  const size_t before = pushed_for(a).size();
+  bool down = false;
+  for (int i = 0; i < 300 && !down; ++i) {
+    metrics = agent.Get("/metrics");
+    down = MetricValue(metrics, "parascope_kubernetes_api_up") == 0 &&
+           MetricValue(metrics, "parascope_kubernetes_api_errors_total{reason=\"connect\"}") >= 1;
+    if (!down) absl::SleepFor(absl::Milliseconds(100));
+  }
+  INFO(metrics);
+  CHECK(down);
+  // Profiling goes on: two more windows of the checkout workload, still labeled.
+  REQUIRE(receiver.WaitFor([&](const auto&) { return pushed_for(a).size() >= before + 2; }, 60));
+  CHECK(pushed_for(a).back() == want_a);
+  CHECK(pushed_for(b).back() == want_b);
+  CHECK(agent.Stop() == 0);
+}
+
+// Targeting: --target-namespaces and --target-pod-selector keep exactly the selected pods'
+// processes (files and pushes); every other process, host ones included, is left out and counted.
+TEST_CASE("kubernetes: --target-namespaces and --target-pod-selector profile only selected pods",
+          "[root][e2e][kubernetes]") {
+  if (!RequireRoot()) return;
+  TwoPods pods;
+  testing::FakeApiServer api("node-e2e", "e2e-token");
+  api.Apply(pods.checkout);
+  api.Apply(pods.report);
+  PodContainer checkout(pods.checkout, "burstable", "cri-containerd-", 30);
+  PodContainer report(pods.report, "besteffort", "crio-", 30);
+  checkout.workload.Go();
+  report.workload.Go();
+  TempDir dir;
+  const std::string token = WriteToken(dir);
+  struct Case {
+    std::string flag;
+    int want_pid;
+  };
+  for (const Case& c : {Case{"--target-namespaces=shop,web", checkout.workload.pid},
+                        Case{"--target-pod-selector=tier in (batch),app!=checkout",
+                             report.workload.pid}}) {
+    INFO(c.flag);
+    const std::string out = dir.path() + "/out-" + std::to_string(c.want_pid);
+    Child agent({PS_AGENT_BIN, "--kubernetes=true", "--kubernetes-api-url=" + api.url(),
+                 "--kubernetes-node-name=node-e2e", "--kubernetes-token-file=" + token, c.flag,
+                 "--profiles=cpu", "--sampling-frequency=49", "--collect-interval=2s",
+                 "--duration=5s", "--http-address=", "--output-dir=" + out});
+    int status = agent.Wait(120);
+    INFO(agent.stderr_text());
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+    std::set<int> pids;
+    for (const auto& e : std::filesystem::directory_iterator(out)) {
+      int pid = 0;
+      if (absl::SimpleAtoi(e.path().filename().string(), &pid)) pids.insert(pid);
+    }
+    CHECK(pids == std::set<int>{c.want_pid});
+    CHECK(ProfileFiles(out, c.want_pid, "process_cpu").size() >= 2);
   }
 }
 

@@ -1,0 +1,54 @@
+#include "agent/k8s/metadata.h"
+
+#include <utility>
+
+namespace parascope::k8s {
+
+KubernetesMetadata::KubernetesMetadata(const PodStore* store, std::string node,
+                                       TargetOptions targets)
+    : store_(store), node_(std::move(node)), targets_(std::move(targets)) {}
+
+std::optional<KubernetesInfo> KubernetesMetadata::Lookup(absl::string_view cgroup) {
+  CgroupInfo c = ParseCgroup(cgroup);
+  if (c.container_id.empty() && c.pod_uid.empty()) {
+    not_in_pod_.fetch_add(1, std::memory_order_relaxed);
+    return std::nullopt;
+  }
+  KubernetesInfo info;
+  info.node = node_;
+  std::string container;
+  std::optional<PodInfo> pod = store_->Find(c.container_id, c.pod_uid, &container);
+  if (!pod.has_value()) {
+    pod_unknown_.fetch_add(1, std::memory_order_relaxed);
+    info.pod_known = false;
+    return info;
+  }
+  pod_.fetch_add(1, std::memory_order_relaxed);
+  info.namespace_name = pod->namespace_name;
+  info.pod = pod->name;
+  info.container = container;
+  info.service_name = pod->service_name;
+  if (!pod->node.empty()) info.node = pod->node;
+  return info;
+}
+
+bool KubernetesMetadata::Selected(absl::string_view cgroup) const {
+  if (!targets_.enabled()) return true;
+  CgroupInfo c = ParseCgroup(cgroup);
+  if (c.container_id.empty() && c.pod_uid.empty()) return false;
+  std::string container;
+  std::optional<PodInfo> pod = store_->Find(c.container_id, c.pod_uid, &container);
+  if (!pod.has_value()) return false;
+  if (!targets_.namespaces.empty() && targets_.namespaces.count(pod->namespace_name) == 0) {
+    return false;
+  }
+  return targets_.pod_selector.Matches(pod->labels);
+}
+
+MetadataStats KubernetesMetadata::stats() const {
+  return MetadataStats{pod_.load(std::memory_order_relaxed),
+                       pod_unknown_.load(std::memory_order_relaxed),
+                       not_in_pod_.load(std::memory_order_relaxed)};
+}
+
+}  // namespace parascope::k8s
