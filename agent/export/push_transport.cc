@@ -1,18 +1,30 @@
 #include "agent/export/push_transport.h"
 
-#include <curl/curl.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <grpc/support/log.h>
 #include <grpcpp/grpcpp.h>
+#include <httplib.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
+#include <chrono>
 #include <mutex>
+#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/proc/read_file.h"
@@ -176,166 +188,463 @@ absl::StatusOr<std::unique_ptr<PushTransport>> MakeGrpc(
   return std::make_unique<GrpcTransport>(std::move(channel), std::move(headers));
 }
 
-// ---- Connect over HTTP/1.1 (libcurl) ----
+// ---- Connect over HTTP/1.1 (cpp-httplib) ----
 
-size_t AppendBody(char* data, size_t size, size_t n, void* user) {
-  auto* body = static_cast<std::string*>(user);
-  size_t len = size * n;
-  if (body->size() < kMaxErrorBody) body->append(data, std::min(len, kMaxErrorBody - body->size()));
-  return len;
-}
-
-size_t ReadRetryAfter(char* data, size_t size, size_t n, void* user) {
-  absl::string_view line(data, size * n);
-  if (absl::StartsWithIgnoreCase(line, "retry-after:")) {
-    line.remove_prefix(12);
-    int64_t seconds = 0;
-    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &seconds) && seconds >= 0) {
-      *static_cast<absl::Duration*>(user) = absl::Seconds(seconds);
+// OpenSSL's queued error reasons of this thread, "; "-separated (at most 3), and clears the queue.
+std::string TakeOpenSslErrors() {
+  std::vector<std::string> reasons;
+  while (unsigned long e = ERR_get_error()) {
+    const char* reason = ERR_reason_error_string(e);
+    std::string text = reason != nullptr ? reason : absl::StrCat("error ", e);
+    // cpp-httplib's SSL_shutdown of a failed connection adds this one; it says nothing.
+    if (text == "shutdown while in init") continue;
+    if (reasons.size() < 3 && std::find(reasons.begin(), reasons.end(), text) == reasons.end()) {
+      reasons.push_back(std::move(text));
     }
   }
-  return size * n;
+  return absl::StrJoin(reasons, "; ");
 }
 
-int AbortIfCancelled(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
-  return static_cast<std::atomic<bool>*>(user)->load() ? 1 : 0;
+// What identifies a version of a file: a rotated file (renamed over, or a Kubernetes secret's
+// symlink swapped) has a new inode, size or mtime. "-" if stat fails.
+std::string FileStamp(const std::string& path) {
+  struct stat st;
+  if (path.empty() || stat(path.c_str(), &st) != 0) return "-";
+  return absl::StrCat(st.st_dev, ":", st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".",
+                      st.st_mtim.tv_nsec);
 }
 
+// Blocks SIGPIPE in this thread while alive and discards one raised meanwhile: cpp-httplib writes
+// with plain send()/SSL_write, and a server that closes mid-request must not kill a process that
+// has not ignored SIGPIPE (the agent does; a library user or a test binary may not).
+class SigpipeGuard {
+ public:
+  SigpipeGuard() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~SigpipeGuard() {
+    if (!was_pending_) {
+      struct timespec zero = {0, 0};
+      while (sigtimedwait(&pipe_, nullptr, &zero) == SIGPIPE) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+
+ private:
+  sigset_t pipe_, old_;
+  bool was_pending_ = false;
+};
+
+// Connect unary (SPEC section 6) over HTTP/1.1 with cpp-httplib's client, keeping one connection
+// alive between requests (a new one when the server closed it, once more on a fresh connection
+// when a reused one turns out dead before any response, as libcurl did).
+//
+// cpp-httplib 0.11 has no total deadline, and its stop() waits for a connect or TLS handshake in
+// progress (send() holds the socket mutex meanwhile). So the deadline and Cancel() are enforced
+// here: when cpp-httplib creates a socket (its socket-options hook), a duplicate of the
+// descriptor is kept, and a watchdog thread at the deadline, or Cancel() at once, shuts the
+// socket down through it. That fails a connect, a handshake, a write or a read at once, from any
+// thread, without touching the client object; the duplicate is ours, so its number cannot be
+// reused under us. Name resolution (getaddrinfo) cannot be interrupted: a socket created after
+// the deadline or Cancel() is shut down as soon as it exists.
+//
+// TLS files are loaded into the client's SSL_CTX; when one of them changes on disk (rotation),
+// the next request builds a new client, so renewed certificates are used without a restart.
 class ConnectTransport : public PushTransport {
  public:
-  ConnectTransport(CURL* curl, std::string url,
+  ConnectTransport(const PyroscopeOptions& o, const RemoteUrl& url,
                    std::vector<std::pair<std::string, std::string>> headers)
-      : curl_(curl), url_(std::move(url)) {
-    base_headers_.push_back("Content-Type: application/proto");
-    base_headers_.push_back("Connect-Protocol-Version: 1");
-    base_headers_.push_back("Expect:");  // no 100-continue round trip
-    for (const auto& [k, v] : headers) base_headers_.push_back(absl::StrCat(k, ": ", v));
+      : url_(url),
+        path_(absl::StrCat(url.path, kPushMethodPath)),
+        ca_file_(o.tls_ca_file),
+        cert_file_(o.tls_cert_file),
+        key_file_(o.tls_key_file) {
+    // The system's roots, as the gRPC transport uses, when no CA file is given.
+    if (url_.tls() && ca_file_.empty() && access(kSystemCaBundle, R_OK) == 0) {
+      ca_file_ = kSystemCaBundle;
+      ca_is_system_ = true;
+    }
+    // Host as curl and browsers send it: the default port left out, IPv6 in brackets.
+    host_header_ = absl::StrContains(url.host, ':') ? absl::StrCat("[", url.host, "]") : url.host;
+    if (url.port != (url.tls() ? 443 : 80)) absl::StrAppend(&host_header_, ":", url.port);
+    for (auto& [k, v] : headers) headers_.emplace(std::move(k), std::move(v));
+    // Header names compare case-insensitively (httplib::Headers); a --remote-header User-Agent
+    // replaces ours, as it did with libcurl.
+    if (headers_.find("User-Agent") == headers_.end()) headers_.emplace("User-Agent", kUserAgent);
+    watchdog_ = std::thread([this] { Watch(); });
   }
-  ~ConnectTransport() override { curl_easy_cleanup(curl_); }
+
+  ~ConnectTransport() override {
+    {
+      absl::MutexLock l(&mu_);
+      exiting_ = true;
+      cv_.Signal();
+    }
+    watchdog_.join();
+    client_.reset();
+    absl::MutexLock l(&mu_);
+    DropSocketLocked();
+  }
+
+  // Builds the first client: errors in the TLS files (not PEM, key not matching the certificate)
+  // surface at start. InvalidArgument naming the file and OpenSSL's reason.
+  absl::Status Init() {
+    stamp_ = TlsStamp();
+    PS_ASSIGN_OR_RETURN(client_, NewClient());
+    return absl::OkStatus();
+  }
 
   PushResult Push(const push::v1::PushRequest& request, absl::Duration timeout) override {
-    if (cancelled_.load()) return PushResult{false, false, "cancelled", "cancelled at shutdown"};
-    std::string body = request.SerializeAsString();
+    {
+      absl::MutexLock l(&mu_);
+      if (cancelled_) return PushResult{false, false, "cancelled", "cancelled at shutdown"};
+    }
+    if (url_.tls()) {
+      std::string stamp = TlsStamp();
+      if (stamp != stamp_ || client_ == nullptr) {
+        client_.reset();
+        {
+          absl::MutexLock l(&mu_);
+          DropSocketLocked();
+        }
+        auto client = NewClient();
+        if (!client.ok()) {
+          return PushResult{false, true, "tls", std::string(client.status().message())};
+        }
+        client_ = std::move(*client);
+        stamp_ = std::move(stamp);
+        Log(LogLevel::kInfo, "push: TLS files changed on disk, reloaded them");
+      }
+    }
     int64_t timeout_ms = std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout));
-    curl_slist* list = nullptr;
-    for (const auto& h : base_headers_) list = curl_slist_append(list, h.c_str());
-    std::string deadline = absl::StrCat("Connect-Timeout-Ms: ", timeout_ms);
-    list = curl_slist_append(list, deadline.c_str());
+    std::chrono::milliseconds t(timeout_ms);
+    client_->set_connection_timeout(t);
+    client_->set_read_timeout(t);
+    client_->set_write_timeout(t);
 
-    std::string response;
-    absl::Duration retry_after = absl::ZeroDuration();
-    char errbuf[CURL_ERROR_SIZE] = {0};
-    curl_easy_setopt(curl_, CURLOPT_HTTPHEADER, list);
-    curl_easy_setopt(curl_, CURLOPT_POSTFIELDS, body.data());
-    curl_easy_setopt(curl_, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
-    curl_easy_setopt(curl_, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_ms));
-    curl_easy_setopt(curl_, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(timeout_ms));
-    curl_easy_setopt(curl_, CURLOPT_WRITEFUNCTION, AppendBody);
-    curl_easy_setopt(curl_, CURLOPT_WRITEDATA, &response);
-    curl_easy_setopt(curl_, CURLOPT_HEADERFUNCTION, ReadRetryAfter);
-    curl_easy_setopt(curl_, CURLOPT_HEADERDATA, &retry_after);
-    curl_easy_setopt(curl_, CURLOPT_ERRORBUFFER, errbuf);
-    curl_easy_setopt(curl_, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(curl_, CURLOPT_XFERINFOFUNCTION, AbortIfCancelled);
-    curl_easy_setopt(curl_, CURLOPT_XFERINFODATA, &cancelled_);
-    CURLcode rc = curl_easy_perform(curl_);
-    long status = 0;
-    curl_easy_getinfo(curl_, CURLINFO_RESPONSE_CODE, &status);
-    // Nothing may point at this call's locals after it returns.
-    curl_easy_setopt(curl_, CURLOPT_HTTPHEADER, nullptr);
-    curl_easy_setopt(curl_, CURLOPT_ERRORBUFFER, nullptr);
-    curl_easy_setopt(curl_, CURLOPT_POSTFIELDS, nullptr);
-    curl_slist_free_all(list);
+    std::string body = request.SerializeAsString();
+    std::string response;  // at most kMaxErrorBody of it
+    auto make_request = [&] {
+      httplib::Request req;
+      req.method = "POST";
+      req.path = path_;
+      req.headers = headers_;
+      req.headers.emplace("Host", host_header_);
+      req.headers.emplace("Content-Type", "application/proto");
+      req.headers.emplace("Connect-Protocol-Version", "1");
+      req.headers.emplace("Connect-Timeout-Ms", absl::StrCat(timeout_ms));
+      req.body = body;
+      req.content_receiver = [&response](const char* data, size_t len, uint64_t, uint64_t) {
+        if (response.size() < kMaxErrorBody) {
+          response.append(data, std::min(len, kMaxErrorBody - response.size()));
+        }
+        return true;
+      };
+      return req;
+    };
+
+    absl::Time deadline = absl::Now() + absl::Milliseconds(timeout_ms);
+    {
+      absl::MutexLock l(&mu_);
+      in_flight_ = true;
+      aborted_ = false;
+      sockets_created_ = 0;
+      deadline_ = deadline;
+      cv_.Signal();
+    }
+    httplib::Response res;
+    httplib::Error err = httplib::Error::Success;
+    bool sent;
+    {
+      SigpipeGuard no_sigpipe;
+      ERR_clear_error();
+      bool reused = client_->is_socket_open();
+      httplib::Request req = make_request();
+      sent = client_->send(req, res, err);
+      if (!sent && reused && res.status == -1 &&
+          (err == httplib::Error::Read || err == httplib::Error::Write) && !Aborted()) {
+        // The kept-alive connection was closed by the server as this request went out.
+        Log(LogLevel::kDebug, "push: kept-alive connection to %s was closed, reconnecting",
+            url_.Base().c_str());
+        response.clear();
+        res = httplib::Response();
+        err = httplib::Error::Success;
+        ERR_clear_error();
+        req = make_request();
+        sent = client_->send(req, res, err);
+      }
+    }
+    // Asked before taking mu_: OnSocket() takes mu_ under cpp-httplib's socket mutex.
+    int open_fd = client_->is_socket_open() ? client_->socket() : -1;
+    bool aborted, cancelled, socket_created;
+    {
+      absl::MutexLock l(&mu_);
+      in_flight_ = false;
+      aborted = aborted_;
+      cancelled = cancelled_;
+      socket_created = sockets_created_ > 0;
+      // The duplicate must not keep a socket alive that cpp-httplib has let go of.
+      if (open_fd < 0 || open_fd != socket_fd_) DropSocketLocked();
+    }
+    std::string ssl_errors = TakeOpenSslErrors();
 
     PushResult r;
-    if (rc == CURLE_ABORTED_BY_CALLBACK) {
-      r.code = "cancelled";
-      r.message = "cancelled at shutdown";
-      return r;
-    }
-    if (rc != CURLE_OK) {
+    if (!sent) {
       r.retryable = true;
-      switch (rc) {
-        case CURLE_COULDNT_CONNECT:
-        case CURLE_COULDNT_RESOLVE_HOST:
-        case CURLE_COULDNT_RESOLVE_PROXY:
+      if (aborted && cancelled) {
+        r.retryable = false;
+        r.code = "cancelled";
+        r.message = "cancelled at shutdown";
+        return r;
+      }
+      std::string where = absl::StrCat(url_.host, " port ", url_.port);
+      if (aborted || err == httplib::Error::ConnectionTimeout) {
+        bool connecting = err == httplib::Error::Connection ||
+                          err == httplib::Error::ConnectionTimeout ||
+                          err == httplib::Error::SSLConnection;
+        r.code = "timeout";
+        r.message = absl::StrCat(connecting ? "could not connect to " : "no response from ",
+                                 connecting ? where : url_.Base(), " within ",
+                                 absl::FormatDuration(absl::Milliseconds(timeout_ms)));
+        return r;
+      }
+      switch (err) {
+        case httplib::Error::Connection:
           r.code = "connect";
+          r.message = socket_created ? absl::StrCat("could not connect to ", where,
+                                                    " (refused, reset or unreachable)")
+                                     : absl::StrCat("could not resolve host \"", url_.host, "\"");
           break;
-        case CURLE_OPERATION_TIMEDOUT:
-          r.code = "timeout";
-          break;
-        case CURLE_SSL_CONNECT_ERROR:
-        case CURLE_PEER_FAILED_VERIFICATION:
-        case CURLE_SSL_CERTPROBLEM:
-        case CURLE_SSL_CIPHER:
-        case CURLE_SSL_CACERT_BADFILE:
-        case CURLE_SSL_ISSUER_ERROR:
-        case CURLE_SSL_CRL_BADFILE:
+        case httplib::Error::SSLConnection:
           r.code = "tls";
+          r.message = absl::StrCat("TLS handshake with ", where, " failed",
+                                   ssl_errors.empty() ? "" : ": ", ssl_errors);
+          break;
+        case httplib::Error::SSLServerVerification: {
+          r.code = "tls";
+          auto* ssl = static_cast<httplib::SSLClient*>(client_.get());
+          long v = ssl->get_openssl_verify_result();
+          r.message =
+              v != X509_V_OK
+                  ? absl::StrCat("server certificate of ", where,
+                                 " not trusted: ", X509_verify_cert_error_string(v), " (CA file ",
+                                 ca_file_.empty() ? "none" : ca_file_, ")")
+                  : absl::StrCat("server certificate does not match host \"", url_.host, "\"");
+          break;
+        }
+        case httplib::Error::SSLLoadingCerts:
+          r.code = "tls";
+          r.message = absl::StrCat("cannot load CA certificates from ", ca_file_,
+                                   ssl_errors.empty() ? "" : ": ", ssl_errors);
+          break;
+        case httplib::Error::Write:
+        case httplib::Error::Read:
+          // With TLS 1.3 a server refusing the client certificate says so only after the
+          // handshake: the request then fails here.
+          r.code = "network";
+          r.message = absl::StrCat(
+              "connection to ", where, " closed ",
+              err == httplib::Error::Write ? "while sending the request"
+                                           : "before a complete response",
+              ssl_errors.empty() ? "" : ": ", ssl_errors,
+              url_.tls() ? " (did the server refuse the TLS client certificate?)" : "");
           break;
         default:
           r.code = "network";
+          r.message = absl::StrCat("request to ", url_.Base(), " failed: ", httplib::to_string(err),
+                                   ssl_errors.empty() ? "" : ": ", ssl_errors);
       }
-      r.message = absl::StrCat(curl_easy_strerror(rc), errbuf[0] ? ": " : "", errbuf);
       return r;
     }
-    if (status == 200) {
+    if (res.status == 200) {
       r.ok = true;
       return r;
     }
-    r.code = absl::StrCat(status);
-    r.retry_after = retry_after;
+    r.code = absl::StrCat(res.status);
+    if (res.has_header("Retry-After")) {
+      int64_t seconds = 0;
+      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(res.get_header_value("Retry-After")),
+                           &seconds) &&
+          seconds >= 0) {
+        r.retry_after = absl::Seconds(seconds);
+      }
+    }
     // A Connect error body names the code; classify by it when present (Connect maps ABORTED to
     // 409, which the HTTP rule alone would not retry), else by the HTTP status.
     std::string connect_code = JsonStringField(response, "code");
     int grpc_code = connect_code.empty() ? -1 : GrpcCodeFromName(connect_code);
-    r.retryable = grpc_code >= 0 ? IsRetryableGrpcCode(grpc_code)
-                                 : IsRetryableHttpStatus(static_cast<int>(status));
+    r.retryable =
+        grpc_code >= 0 ? IsRetryableGrpcCode(grpc_code) : IsRetryableHttpStatus(res.status);
     std::string message = JsonStringField(response, "message");
-    r.message = absl::StrCat("HTTP ", status, connect_code.empty() ? "" : " ", connect_code, ": ",
-                             Excerpt(message.empty() ? response : message));
+    r.message = absl::StrCat("HTTP ", res.status, connect_code.empty() ? "" : " ", connect_code,
+                             ": ", Excerpt(message.empty() ? response : message));
     return r;
   }
 
-  void Cancel() override { cancelled_.store(true); }
+  void Cancel() override {
+    absl::MutexLock l(&mu_);
+    cancelled_ = true;
+    if (in_flight_) AbortLocked();
+  }
 
  private:
-  CURL* curl_;
-  std::string url_;
-  std::vector<std::string> base_headers_;
-  std::atomic<bool> cancelled_{false};
+  std::string TlsStamp() const {
+    if (!url_.tls()) return "";
+    return absl::StrCat(FileStamp(ca_file_), "|", FileStamp(cert_file_), "|", FileStamp(key_file_));
+  }
+
+  // A configured client for url_, TLS files loaded. Errors: InvalidArgument naming the file.
+  absl::StatusOr<std::unique_ptr<httplib::ClientImpl>> NewClient() {
+    std::unique_ptr<httplib::ClientImpl> client;
+    if (url_.tls()) {
+      ERR_clear_error();
+      auto ssl = std::make_unique<httplib::SSLClient>(url_.host, url_.port);
+      SSL_CTX* ctx = ssl->ssl_context();
+      if (ctx == nullptr) return absl::InternalError("SSL_CTX_new failed");
+      SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+      if (!ca_file_.empty()) {
+        // Checked here so a bad file is named at once; cpp-httplib loads it into the context on
+        // the first connection, and only it: no default roots beside a given CA file.
+        X509_STORE* store = X509_STORE_new();
+        bool loaded = X509_STORE_load_file(store, ca_file_.c_str()) == 1;
+        X509_STORE_free(store);
+        if (!loaded) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(ca_is_system_ ? "system CA bundle " : "--tls-ca-file ", ca_file_,
+                           ": no PEM certificates: ", TakeOpenSslErrors()));
+        }
+        ssl->set_ca_cert_path(ca_file_);
+      }
+      if (!cert_file_.empty()) {
+        // The whole chain (intermediates after the leaf), as libcurl sent it.
+        if (SSL_CTX_use_certificate_chain_file(ctx, cert_file_.c_str()) != 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--tls-cert-file ", cert_file_, ": not a PEM certificate: ", TakeOpenSslErrors()));
+        }
+        if (SSL_CTX_use_PrivateKey_file(ctx, key_file_.c_str(), SSL_FILETYPE_PEM) != 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--tls-key-file ", key_file_, ": not a PEM private key for --tls-cert-file ",
+              cert_file_, ": ", TakeOpenSslErrors()));
+        }
+        if (SSL_CTX_check_private_key(ctx) != 1) {
+          return absl::InvalidArgumentError(absl::StrCat("--tls-key-file ", key_file_,
+                                                         " does not match --tls-cert-file ",
+                                                         cert_file_, ": ", TakeOpenSslErrors()));
+        }
+      }
+      // Host name (or IP address) checked by OpenSSL during the handshake, as libcurl had it
+      // checked; cpp-httplib's own subjectAltName/CN check runs as well.
+      X509_VERIFY_PARAM* param = SSL_CTX_get0_param(ctx);
+      in6_addr a6;
+      in_addr a4;
+      bool is_ip = inet_pton(AF_INET6, url_.host.c_str(), &a6) == 1 ||
+                   inet_pton(AF_INET, url_.host.c_str(), &a4) == 1;
+      if (is_ip) {
+        X509_VERIFY_PARAM_set1_ip_asc(param, url_.host.c_str());
+      } else {
+        X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+        X509_VERIFY_PARAM_set1_host(param, url_.host.c_str(), 0);
+      }
+      ssl->enable_server_certificate_verification(true);
+      client = std::move(ssl);
+    } else {
+      client = std::make_unique<httplib::ClientImpl>(url_.host, url_.port);
+    }
+    client->set_keep_alive(true);
+    client->set_follow_location(false);
+    client->set_url_encode(false);  // the path goes out as given, like libcurl sent it
+    client->set_decompress(false);  // no Accept-Encoding; the answer is tiny
+    client->set_tcp_nodelay(true);
+    client->set_socket_options([this](int fd) { OnSocket(fd); });
+    return client;
+  }
+
+  // cpp-httplib created socket `fd` (before connecting it): keep a duplicate to shut it down from
+  // another thread.
+  void OnSocket(int fd) {
+    absl::MutexLock l(&mu_);
+    DropSocketLocked();
+    socket_dup_ = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    socket_fd_ = fd;
+    ++sockets_created_;
+    if (aborted_) shutdown(fd, SHUT_RDWR);
+  }
+
+  void DropSocketLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (socket_dup_ >= 0) close(socket_dup_);
+    socket_dup_ = -1;
+    socket_fd_ = -1;
+  }
+
+  // Fails the request in flight now: shutting the socket down wakes any wait on it.
+  void AbortLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    aborted_ = true;
+    if (socket_dup_ >= 0) shutdown(socket_dup_, SHUT_RDWR);
+  }
+
+  bool Aborted() {
+    absl::MutexLock l(&mu_);
+    return aborted_;
+  }
+
+  // The watchdog thread: aborts a request still in flight at its deadline.
+  void Watch() {
+    absl::MutexLock l(&mu_);
+    while (!exiting_) {
+      if (in_flight_ && !aborted_) {
+        if (absl::Now() >= deadline_) {
+          AbortLocked();
+        } else {
+          cv_.WaitWithDeadline(&mu_, deadline_);
+        }
+      } else {
+        cv_.Wait(&mu_);
+      }
+    }
+  }
+
+  const RemoteUrl url_;
+  const std::string path_;
+  std::string ca_file_;
+  bool ca_is_system_ = false;
+  const std::string cert_file_, key_file_;
+  std::string host_header_;
+  httplib::Headers headers_;
+  // Used by the Push thread only.
+  std::unique_ptr<httplib::ClientImpl> client_;
+  std::string stamp_;
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  bool exiting_ ABSL_GUARDED_BY(mu_) = false;
+  int sockets_created_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time deadline_ ABSL_GUARDED_BY(mu_);
+  // The socket cpp-httplib created last (its descriptor number) and our duplicate of it.
+  int socket_fd_ ABSL_GUARDED_BY(mu_) = -1;
+  int socket_dup_ ABSL_GUARDED_BY(mu_) = -1;
+  std::thread watchdog_;
 };
 
 absl::StatusOr<std::unique_ptr<PushTransport>> MakeConnect(
     const PyroscopeOptions& o, const RemoteUrl& url,
     std::vector<std::pair<std::string, std::string>> headers) {
-  static std::once_flag init;
-  std::call_once(init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-  // Fail now on unreadable files, with the same errors as the gRPC path; libcurl reads them
-  // again on each new connection (so rotated certificates are picked up).
+  // Fail now on unreadable files, with the same errors as the gRPC path; a file changed later is
+  // loaded again before the next request (so rotated certificates are picked up).
   for (const std::string* f : {&o.tls_ca_file, &o.tls_cert_file, &o.tls_key_file}) {
     if (!f->empty()) PS_RETURN_IF_ERROR(proc::ReadFileToString(*f).status());
   }
-  CURL* curl = curl_easy_init();
-  if (curl == nullptr) return absl::InternalError("curl_easy_init failed");
-  std::string endpoint = absl::StrCat(url.Base(), kPushMethodPath);
-  curl_easy_setopt(curl, CURLOPT_URL, endpoint.c_str());
-  curl_easy_setopt(curl, CURLOPT_POST, 1L);
-  curl_easy_setopt(curl, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
-  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);  // threads: no SIGALRM for DNS timeouts
-  curl_easy_setopt(curl, CURLOPT_USERAGENT, kUserAgent);
-  curl_easy_setopt(curl, CURLOPT_FOLLOWLOCATION, 0L);
-  curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, url.tls() ? "https" : "http");
-  if (url.tls()) {
-    curl_easy_setopt(curl, CURLOPT_SSL_VERIFYPEER, 1L);
-    curl_easy_setopt(curl, CURLOPT_SSL_VERIFYHOST, 2L);
-    if (!o.tls_ca_file.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, o.tls_ca_file.c_str());
-    if (!o.tls_cert_file.empty()) {
-      curl_easy_setopt(curl, CURLOPT_SSLCERT, o.tls_cert_file.c_str());
-      curl_easy_setopt(curl, CURLOPT_SSLKEY, o.tls_key_file.c_str());
-    }
-  }
-  return std::make_unique<ConnectTransport>(curl, std::move(endpoint), std::move(headers));
+  auto t = std::make_unique<ConnectTransport>(o, url, std::move(headers));
+  PS_RETURN_IF_ERROR(t->Init());
+  return t;
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // One Pyroscope push request over the wire (SPEC section 6): gRPC through grpc++ or Connect unary
-// through libcurl. The exporter's sender thread owns a transport; tests substitute a fake.
+// through cpp-httplib's client. The exporter's sender thread owns a transport; tests substitute a
+// fake.
 #pragma once
 
 #include <memory>

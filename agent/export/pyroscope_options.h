@@ -17,7 +17,7 @@ struct PyroscopeOptions {
   // with the Connect protocol (gRPC method paths are fixed).
   std::string url;
   // "grpc": grpc++ over HTTP/2 (cleartext with prior knowledge for http://, TLS for https://).
-  // "connect": Connect unary, HTTP/1.1 POST application/proto through libcurl.
+  // "connect": Connect unary, HTTP/1.1 POST application/proto through cpp-httplib's client.
   std::string protocol = "grpc";
   // Sent as X-Scope-OrgID when not empty.
   std::string tenant_id;
@@ -29,11 +29,14 @@ struct PyroscopeOptions {
   // Extra request headers (--remote-header K=V), sent with every request.
   std::vector<std::pair<std::string, std::string>> headers;
   // PEM files: CA bundle to verify the server (default: the system's roots), client
-  // certificate and key (both or neither). Only with https://.
+  // certificate and key (both or neither). Only with https://. gRPC reads them once at start;
+  // Connect checks them at start too and loads them again before a request once one changed on
+  // disk (certificate rotation).
   std::string tls_ca_file, tls_cert_file, tls_key_file;
   // Bound of the send queue in bytes (serialized requests); the oldest are dropped beyond it.
   size_t queue_max_bytes = 64 << 20;
-  // Deadline of one push request (gRPC deadline; libcurl total timeout).
+  // Deadline of one push request (gRPC deadline; for Connect the bound of connect + TLS + the
+  // whole exchange, also sent as Connect-Timeout-Ms).
   absl::Duration request_timeout = absl::Seconds(10);
   // Retry delay: uniformly random in [0, min(backoff_max, backoff_initial * 2^n)) after the
   // n-th consecutive failure ("full jitter").

@@ -1,12 +1,23 @@
-// The exporter's real transports (gRPC via grpc++, Connect via libcurl) against ps_test_receiver
-// on localhost: wire format, headers, failure handling, outages, TLS. No privileges needed; every
-// wait is on an event (a receiver line) or a condition, never a fixed sleep.
+// The exporter's real transports (gRPC via grpc++, Connect via cpp-httplib) against
+// ps_test_receiver on localhost: wire format, headers, failure handling, outages, TLS. No
+// privileges needed; every wait is on an event (a receiver line) or a condition, never a fixed
+// sleep (a delay before Cancel() only chooses the phase it interrupts).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <optional>
 #include <set>
+#include <thread>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "agent/export/push_transport.h"
 #include "agent/export/pyroscope_exporter.h"
 #include "agent/profile/pprof_builder.h"
 #include "test/receiver/receiver_client.h"
@@ -60,6 +71,61 @@ bool StatsEventually(PyroscopeExporter* e, F cond, int timeout_s = 30) {
 
 std::string UrlFor(const TestReceiver& r, const std::string& protocol, bool tls = false) {
   return protocol == "grpc" ? r.GrpcUrl(tls) : r.HttpUrl(tls);
+}
+
+// A localhost port whose connects hang, as an unreachable server's do: a listener that never
+// accepts, its accept queue (backlog 0) filled by one connection, drops new SYNs (Linux checks a
+// full accept queue before SYN cookies), so a client stays in SYN_SENT.
+class HangingPort {
+ public:
+  HangingPort() {
+    listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    REQUIRE(listen(listener_, 0) == 0);
+    socklen_t len = sizeof(a);
+    REQUIRE(getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port_ = ntohs(a.sin_port);
+    filler_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(connect(filler_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  }
+  ~HangingPort() {
+    close(filler_);
+    close(listener_);
+  }
+  std::string Url() const { return absl::StrCat("http://127.0.0.1:", port_); }
+
+ private:
+  int listener_ = -1, filler_ = -1, port_ = 0;
+};
+
+// Push of an empty request on a fresh transport; Cancel() from another thread after `cancel_after`
+// if set. Returns the result and how long Push took.
+std::pair<PushResult, absl::Duration> TimedPush(const std::string& url, const std::string& protocol,
+                                                absl::Duration timeout,
+                                                std::optional<absl::Duration> cancel_after) {
+  PyroscopeOptions o;
+  o.url = url;
+  o.protocol = protocol;
+  auto parsed = ParseRemoteUrl(o.url);
+  REQUIRE(parsed.ok());
+  auto t = MakePushTransport(o, *parsed);
+  REQUIRE(t.ok());
+  std::thread canceller;
+  if (cancel_after) {
+    // The delay only decides which phase is interrupted; a Cancel() before Push is also final.
+    canceller = std::thread([&] {
+      absl::SleepFor(*cancel_after);
+      (*t)->Cancel();
+    });
+  }
+  absl::Time start = absl::Now();
+  PushResult r = (*t)->Push(push::v1::PushRequest(), timeout);
+  absl::Duration took = absl::Now() - start;
+  if (canceller.joinable()) canceller.join();
+  return {r, took};
 }
 
 }  // namespace
@@ -269,6 +335,25 @@ TEST_CASE("receiver: TLS verifies the server with the given CA, a wrong CA fails
   }
 }
 
+TEST_CASE("receiver: TLS to a host name checks the certificate's name", "[receiver]") {
+  TempDir certs_dir;
+  TestCerts certs(certs_dir.path());
+  for (std::string protocol : {"grpc", "connect"}) {
+    DYNAMIC_SECTION(protocol) {
+      TestReceiver receiver({"--tls-cert=" + certs.server_cert, "--tls-key=" + certs.server_key});
+      PyroscopeOptions o;
+      o.url = UrlFor(receiver, protocol, /*tls=*/true);
+      REQUIRE(absl::StrContains(o.url, "127.0.0.1"));
+      o.url = absl::StrReplaceAll(o.url, {{"127.0.0.1", "localhost"}});  // SAN DNS:localhost
+      o.protocol = protocol;
+      o.tls_ca_file = certs.ca;
+      auto e = MakeExporter(o);
+      REQUIRE(e->Export(Profile(0)).ok());
+      REQUIRE(receiver.WaitForOk(1));
+    }
+  }
+}
+
 TEST_CASE("receiver: client certificates (mutual TLS)", "[receiver]") {
   TempDir certs_dir;
   TestCerts certs(certs_dir.path());
@@ -295,6 +380,68 @@ TEST_CASE("receiver: client certificates (mutual TLS)", "[receiver]") {
       CHECK(receiver.CountOk() == 1);
     }
   }
+}
+
+TEST_CASE("receiver: a hanging connect ends at the request deadline, and at once on Cancel()",
+          "[receiver]") {
+  HangingPort port;
+  for (std::string protocol : {"grpc", "connect"}) {
+    DYNAMIC_SECTION(protocol) {
+      auto [r, took] = TimedPush(port.Url(), protocol, absl::Milliseconds(500), std::nullopt);
+      INFO(r.code << ": " << r.message);
+      CHECK_FALSE(r.ok);
+      CHECK(r.retryable);
+      if (protocol == "connect") CHECK(r.code == "timeout");
+      CHECK(took >= absl::Milliseconds(400));
+      CHECK(took < absl::Seconds(3));
+
+      auto [c, ctook] = TimedPush(port.Url(), protocol, absl::Seconds(20), absl::Milliseconds(200));
+      INFO(c.code << ": " << c.message);
+      CHECK_FALSE(c.ok);
+      CHECK_FALSE(c.retryable);
+      CHECK(c.code == (protocol == "grpc" ? "CANCELLED" : "cancelled"));
+      CHECK(ctook < absl::Seconds(3));
+    }
+  }
+}
+
+TEST_CASE("receiver: Cancel() ends a request waiting for a slow server's answer", "[receiver]") {
+  for (std::string protocol : {"grpc", "connect"}) {
+    DYNAMIC_SECTION(protocol) {
+      TestReceiver receiver;
+      receiver.Command("delay ms=10000 count=1");
+      auto [r, took] = TimedPush(UrlFor(receiver, protocol), protocol, absl::Seconds(20),
+                                 absl::Milliseconds(500));
+      INFO(r.code << ": " << r.message);
+      CHECK_FALSE(r.ok);
+      CHECK(r.code == (protocol == "grpc" ? "CANCELLED" : "cancelled"));
+      CHECK(took < absl::Seconds(5));
+    }
+  }
+}
+
+TEST_CASE("receiver: Connect picks up a rotated CA file without a restart", "[receiver]") {
+  TempDir certs_dir;
+  TestCerts certs(certs_dir.path());
+  TestReceiver receiver({"--tls-cert=" + certs.server_cert, "--tls-key=" + certs.server_key});
+  std::string ca = certs_dir.path() + "/rotating_ca.pem";
+  auto install = [&](const std::string& from) {  // as rotation tools do: write, then rename
+    std::filesystem::copy_file(from, ca + ".new",
+                               std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::rename(ca + ".new", ca);
+  };
+  install(certs.other_ca);
+  PyroscopeOptions o;
+  o.url = receiver.HttpUrl(/*tls=*/true);
+  o.protocol = "connect";
+  o.tls_ca_file = ca;
+  auto e = MakeExporter(o);
+  REQUIRE(e->Export(Profile(0)).ok());
+  REQUIRE(StatsEventually(e.get(), [](const auto& s) { return s.retries >= 1; }));
+  CHECK(e->GetStats().failures.count("tls") == 1);
+  install(certs.ca);
+  REQUIRE(receiver.WaitForOk(1));
+  REQUIRE(StatsEventually(e.get(), [](const auto& s) { return s.sent == 1; }));
 }
 
 }  // namespace parascope::testing
