@@ -1,13 +1,18 @@
 #include "agent/util/capabilities.h"
 
+#include <dirent.h>
 #include <linux/capability.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -77,6 +82,108 @@ absl::Status CheckAgentCapabilities() {
   return absl::PermissionDeniedError(text);
 }
 
+namespace {
+
+// ---- Every thread: capabilities are per thread ----
+// capset(2) changes only the calling thread's sets (since Linux 2.6.24), and a thread started
+// before the drop (the push client's, the HTTP server's, the unwinder's, gRPC's) keeps what it
+// was started with. So each other thread applies the same sets itself, from a signal handler, as
+// glibc's setxid broadcast (nptl SIGSETXID) and libcap's psx do.
+struct Broadcast {
+  __user_cap_data_struct data[2];
+  uint64_t drop_ambient;
+  std::atomic<int> done{0};
+  std::atomic<int> failed{0};
+};
+Broadcast* g_broadcast = nullptr;
+
+void ApplyInThisThread(int) {
+  const int saved = errno;
+  Broadcast* b = g_broadcast;
+  for (int cap = 0; cap <= kCapLast; ++cap) {
+    if (Has(b->drop_ambient, cap)) (void)prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_LOWER, cap, 0, 0);
+  }
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {b->data[0], b->data[1]};
+  if (syscall(SYS_capset, &hdr, data) != 0) b->failed.fetch_add(1);
+  b->done.fetch_add(1);
+  errno = saved;
+}
+
+// Other threads of this process (tids from /proc/self/task).
+std::vector<pid_t> OtherThreads() {
+  std::vector<pid_t> tids;
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return tids;
+  const pid_t self = static_cast<pid_t>(syscall(SYS_gettid));
+  while (dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    long tid = strtol(e->d_name, &end, 10);
+    if (end != e->d_name && *end == '\0' && tid != self) tids.push_back(static_cast<pid_t>(tid));
+  }
+  closedir(dir);
+  return tids;
+}
+
+// The effective set of thread `tid` (proc(5) /proc/self/task/<tid>/status CapEff), or ~0.
+uint64_t ThreadEffective(pid_t tid) {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, static_cast<int>(tid)};
+  __user_cap_data_struct data[2] = {};
+  if (syscall(SYS_capget, &hdr, data) != 0) return ~uint64_t{0};
+  return data[0].effective | (uint64_t{data[1].effective} << 32);
+}
+
+// Applies `data` (and lowers the ambient capabilities in drop_ambient) in every other thread.
+// Threads started meanwhile inherit from a thread that already dropped, or are caught by the
+// next pass (at most 5). Internal when a thread refuses or does not answer within 2 s.
+absl::Status ApplyInOtherThreads(const __user_cap_data_struct data[2], uint64_t drop_ambient) {
+  const int sig = SIGRTMIN + 2;  // glibc keeps SIGRTMIN-2 and SIGRTMIN-1 for itself
+  Broadcast b;
+  b.data[0] = data[0];
+  b.data[1] = data[1];
+  b.drop_ambient = drop_ambient;
+  g_broadcast = &b;
+  struct sigaction sa {}, old {};
+  sa.sa_handler = ApplyInThisThread;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  if (sigaction(sig, &sa, &old) != 0) return ErrnoStatus(errno, "sigaction");
+  const uint64_t want = data[0].effective | (uint64_t{data[1].effective} << 32);
+  absl::Status status = absl::OkStatus();
+  for (int pass = 0; pass < 5; ++pass) {
+    int sent = 0;
+    for (pid_t tid : OtherThreads()) {
+      if ((ThreadEffective(tid) & ~want) == 0) continue;  // already dropped (or gone)
+      if (syscall(SYS_tgkill, getpid(), tid, sig) == 0) ++sent;
+    }
+    if (sent == 0) break;
+    const int target = b.done.load() + sent;
+    // Threads that exit before handling the signal never answer: bounded wait.
+    for (int i = 0; i < 2000 && b.done.load() < target; ++i) {
+      timespec ms{0, 1000000};
+      nanosleep(&ms, nullptr);
+    }
+    if (b.done.load() < target) {
+      status = absl::InternalError("capabilities: a thread did not drop its capabilities in 2 s");
+    }
+  }
+  if (b.failed.load() > 0) {
+    status = absl::InternalError(
+        absl::StrCat("capabilities: capset failed in ", b.failed.load(), " thread(s)"));
+  }
+  for (pid_t tid : OtherThreads()) {
+    if ((ThreadEffective(tid) & ~want) != 0) {
+      status = absl::InternalError(
+          absl::StrCat("capabilities: thread ", tid, " still holds capabilities to drop"));
+    }
+  }
+  sigaction(sig, &old, nullptr);
+  g_broadcast = nullptr;
+  return status;
+}
+
+}  // namespace
+
 absl::Status DropCapabilitiesAfterAttach(std::vector<std::string>* dropped) {
   __user_cap_data_struct data[2] = {};
   if (absl::Status s = GetCaps(data); !s.ok()) return s;
@@ -104,6 +211,7 @@ absl::Status DropCapabilitiesAfterAttach(std::vector<std::string>* dropped) {
   data[0].inheritable = static_cast<uint32_t>(inh);
   data[1].inheritable = static_cast<uint32_t>(inh >> 32);
   if (syscall(SYS_capset, &hdr, data) != 0) return ErrnoStatus(errno, "capset");
+  PS_RETURN_IF_ERROR(ApplyInOtherThreads(data, drop));
   for (int cap = 0; cap <= kCapLast; ++cap) {
     if (!Has(drop, cap)) continue;
     const char* name = nullptr;

@@ -111,17 +111,27 @@ std::string ReadText(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// A capability set line of /proc/<pid>/status ("CapEff", "CapPrm", "CapAmb"; proc(5)) as bits;
-// ~0 if unreadable.
+// A capability set line ("CapEff", "CapPrm", "CapAmb"; proc(5)) of every thread of `pid`
+// (/proc/<pid>/task/*/status: capabilities are per thread), OR'ed; ~0 if one is unreadable.
 uint64_t StatusCapabilities(int pid, const std::string& key) {
-  for (absl::string_view line :
-       absl::StrSplit(ReadText(absl::StrCat("/proc/", pid, "/status")), '\n')) {
-    if (absl::ConsumePrefix(&line, key + ":")) {
+  uint64_t all = 0;
+  int threads = 0;
+  std::error_code ec;
+  for (const auto& task :
+       std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), ec)) {
+    bool found = false;
+    for (absl::string_view line : absl::StrSplit(ReadText(task.path() / "status"), '\n')) {
       uint64_t bits = 0;
-      if (absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line), &bits)) return bits;
+      if (absl::ConsumePrefix(&line, key + ":") &&
+          absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line), &bits)) {
+        all |= bits;
+        found = true;
+      }
     }
+    if (!found) return ~uint64_t{0};
+    ++threads;
   }
-  return ~uint64_t{0};
+  return threads > 0 ? all : ~uint64_t{0};
 }
 
 // The syscall_loop workload (kernel frames under read_zero_loop) started from its own copy at
@@ -217,6 +227,39 @@ TEST_CASE("cli: bad --latency-group and command mode usage exits 2 naming the fl
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv = {PS_AGENT_BIN};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    Child agent(argv);
+    int status = agent.Wait(30);
+    INFO(absl::StrJoin(argv, " ") << " -> " << agent.stderr_text());
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 2);
+    CHECK(absl::StrContains(agent.stderr_text(), c.message));
+  }
+}
+
+TEST_CASE("cli: bad Kubernetes and targeting flags exit 2 naming the flag", "[cli]") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  } cases[] = {
+      {{"--kubernetes=maybe"}, "--kubernetes: expected auto, true or false, got 'maybe'"},
+      {{"--kubernetes=true", "--kubernetes-api-url=http://127.0.0.1:1"},
+       "--kubernetes-node-name: needed with Kubernetes metadata"},
+      {{"--kubernetes=true", "--kubernetes-node-name=n", "--kubernetes-api-url=ftp://x"},
+       "--kubernetes-api-url: 'ftp://x' is not an http(s):// URL"},
+      {{"--kubernetes=false", "--target-namespaces=shop"},
+       "--target-namespaces: needs Kubernetes metadata"},
+      {{"--kubernetes=true", "--kubernetes-node-name=n", "--kubernetes-api-url=http://h",
+        "--target-namespaces=Shop_1"},
+       "--target-namespaces: 'Shop_1' is not a namespace name"},
+      {{"--target-pod-selector=app in (a"}, "--target-pod-selector: \"app in (a\": expected a"},
+      {{"--kubernetes=true", "--kubernetes-node-name=n", "--kubernetes-api-url=http://h",
+        "--target-pod-selector=app=x", "--", "true"},
+       "--target-pod-selector: cannot be combined with a command"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {"/usr/bin/env", "-u", "KUBERNETES_SERVICE_HOST", "-u",
+                                     "NODE_NAME", PS_AGENT_BIN};
     argv.insert(argv.end(), c.args.begin(), c.args.end());
     Child agent(argv);
     int status = agent.Wait(30);
