@@ -63,19 +63,34 @@ absl::Status PodWatcher::Start() {
   if (slash != absl::string_view::npos) {
     path_prefix_ = std::string(absl::StripSuffix(rest.substr(slash), "/"));
   }
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    Run();
+    absl::MutexLock lock(&mu_);
+    finished_ = true;
+    current_.reset();
+  });
   return absl::OkStatus();
 }
 
 void PodWatcher::Stop() {
-  std::shared_ptr<httplib::Client> current;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    current = current_;
   }
-  if (current != nullptr) current->stop();
-  if (thread_.joinable()) thread_.join();
+  if (!thread_.joinable()) return;
+  // httplib's stop() only interrupts a request whose socket is open: one called between
+  // NewClient() and the connect would be lost and a quiet watch would run to its timeout. So it
+  // is repeated until the thread has left Run().
+  for (;;) {
+    std::shared_ptr<httplib::Client> current;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&finished_), absl::Milliseconds(20))) break;
+      current = current_;
+    }
+    if (current != nullptr) current->stop();
+  }
+  thread_.join();
 }
 
 PodWatcherStats PodWatcher::stats() const {

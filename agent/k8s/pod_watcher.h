@@ -41,7 +41,7 @@ struct PodWatcherOptions {
   std::string ca_file;     // CA bundle for https ("" = OpenSSL's default paths)
   absl::Duration resync = absl::Minutes(10);         // full relist at least this often
   absl::Duration watch_timeout = absl::Minutes(5);   // timeoutSeconds of one watch request
-  absl::Duration request_timeout = absl::Seconds(10);  // connect, and read of a list page
+  absl::Duration request_timeout = absl::Seconds(5);  // connect, and read of a list page
   absl::Duration backoff_initial = absl::Seconds(1);
   absl::Duration backoff_max = absl::Seconds(30);
 };
@@ -99,6 +99,7 @@ class PodWatcher {
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Run() returned
   std::shared_ptr<httplib::Client> current_ ABSL_GUARDED_BY(mu_);
   PodWatcherStats stats_ ABSL_GUARDED_BY(mu_);
 };
