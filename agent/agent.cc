@@ -616,8 +616,9 @@ std::vector<server::CallbackRegistration> RegisterKubernetesMetrics(
       }));
   regs.push_back(registry->AddCallback(
       MetricType::kCounter, "parascope_kubernetes_lookups_total",
-      "Processes' Kubernetes metadata lookups by result: pod (found), pod_unknown (a container "
-      "or pod the API server has not described, asked again next window), not_in_pod.",
+      "Kubernetes metadata lookups for pushed profiles' labels, by result: pod (found), "
+      "pod_unknown (a pod UID the API server has not described; asked again once the pods "
+      "change), not_in_pod (no pod UID and no listed container: host processes, other engines).",
       {"result"}, [metadata] {
         k8s::MetadataStats s = metadata->stats();
         return std::vector<CallbackSample>{
@@ -840,6 +841,8 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
     if (k8s_metadata != nullptr) {
       k8s::KubernetesMetadata* m = k8s_metadata.get();
       proc::ProcessTable** table = &processes_ptr;
+      k8s::PodStore* store = pod_store.get();
+      lo.kubernetes_generation = [store] { return store->generation(); };
       lo.kubernetes = [m, table](const proc::ProcessKey& key, absl::string_view cgroup) {
         std::string text(cgroup);
         if (text.empty() && *table != nullptr) {
@@ -893,6 +896,11 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
   proc::ProcessTable processes("/proc", 8192, max_pinned);
   processes.set_read_cgroup(k8s_metadata != nullptr);
   processes_ptr = &processes;
+  // The labeler (made before the table) must not reach it once it is gone.
+  struct ForgetTable {
+    proc::ProcessTable** p;
+    ~ForgetTable() { *p = nullptr; }
+  } forget_table{&processes_ptr};
   opts.processes = &processes;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<BpfPrograms> bpf, BpfPrograms::Create(opts));
   // Unix time of a monotonic instant: windows are cut on CLOCK_MONOTONIC (what BPF sees).

@@ -270,8 +270,20 @@ int main(int argc, char** argv) {
   }
   const std::string kubernetes = absl::GetFlag(FLAGS_kubernetes);
   const char* service_host = std::getenv("KUBERNETES_SERVICE_HOST");
+  const char* node_env = std::getenv("NODE_NAME");
+  // auto: on in a pod that says which node it is on (the DaemonSet), never in command mode (a
+  // profiled build in a CI pod is no node agent).
+  std::string auto_off_reason;
   if (kubernetes == "auto") {
-    config.kubernetes = service_host != nullptr && *service_host != '\0';
+    const bool in_pod = service_host != nullptr && *service_host != '\0';
+    const bool node_known = !absl::GetFlag(FLAGS_kubernetes_node_name).empty() ||
+                            (node_env != nullptr && *node_env != '\0');
+    config.kubernetes = in_pod && node_known && command.empty();
+    if (in_pod && !config.kubernetes) {
+      auto_off_reason = command.empty() ? "NODE_NAME is not set (the DaemonSet sets it from the "
+                                          "downward API; or give --kubernetes-node-name)"
+                                        : "command mode";
+    }
   } else if (kubernetes == "true" || kubernetes == "false") {
     config.kubernetes = kubernetes == "true";
   } else {
@@ -287,9 +299,8 @@ int main(int argc, char** argv) {
         "https://" + host + ":" + (port != nullptr && *port != '\0' ? port : "443");
   }
   config.kubernetes_node_name = absl::GetFlag(FLAGS_kubernetes_node_name);
-  if (config.kubernetes_node_name.empty()) {
-    const char* node = std::getenv("NODE_NAME");
-    if (node != nullptr) config.kubernetes_node_name = node;
+  if (config.kubernetes_node_name.empty() && node_env != nullptr) {
+    config.kubernetes_node_name = node_env;
   }
   config.kubernetes_token_file = absl::GetFlag(FLAGS_kubernetes_token_file);
   config.kubernetes_ca_file = absl::GetFlag(FLAGS_kubernetes_ca_file);
@@ -318,6 +329,11 @@ int main(int argc, char** argv) {
   parascope::SetLogLevel(config.log_level);
   parascope::SetLogFormat(log_format == "json" ? parascope::LogFormat::kJson
                                                : parascope::LogFormat::kText);
+  if (!auto_off_reason.empty()) {
+    parascope::Log(parascope::LogLevel::kInfo,
+                   "kubernetes: off (--kubernetes=auto in a pod, but %s): no pod labels",
+                   auto_off_reason);
+  }
   int exit_status = 0;
   if (absl::Status s = parascope::RunAgent(config, &exit_status); !s.ok()) {
     parascope::Log(parascope::LogLevel::kError, "%s", std::string(s.message()));

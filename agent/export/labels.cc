@@ -330,8 +330,17 @@ SeriesLabeler::Entry SeriesLabeler::Resolve(const proc::ProcessKey& process,
   if (e.kubernetes.has_value() && !e.kubernetes->service_name.empty()) {
     return found(e.kubernetes->service_name, ServiceNameSource::kPodAnnotation);
   }
-  // The process is gone (or its pid reused): only the name the profile was built with is left.
+  auto kubernetes_name = [&e]() -> std::optional<std::string> {
+    if (!e.kubernetes.has_value() || e.kubernetes->namespace_name.empty() ||
+        e.kubernetes->container.empty()) {
+      return std::nullopt;
+    }
+    return absl::StrCat(e.kubernetes->namespace_name, "/", e.kubernetes->container);
+  };
+  // The process is gone (or its pid reused): its container (known from the cgroup read at exec)
+  // or the name the profile was built with is left.
   if (!same_process) {
+    if (auto k = kubernetes_name()) return found(*k, ServiceNameSource::kKubernetes);
     return found(process_name.empty() ? "unknown" : process_name, ServiceNameSource::kProcessName);
   }
 
@@ -343,11 +352,7 @@ SeriesLabeler::Entry SeriesLabeler::Resolve(const proc::ProcessKey& process,
       if (value.has_value() && !value->empty()) return found(*value, source);
     }
   }
-  if (e.kubernetes.has_value() && !e.kubernetes->namespace_name.empty() &&
-      !e.kubernetes->container.empty()) {
-    return found(absl::StrCat(e.kubernetes->namespace_name, "/", e.kubernetes->container),
-                 ServiceNameSource::kKubernetes);
-  }
+  if (auto k = kubernetes_name()) return found(*k, ServiceNameSource::kKubernetes);
   if (cgroup.ok()) {
     // The container name would come here (SPEC section 4); it is not cheaply known from /proc, so
     // containers fall through to the executable (ParseCgroup gives no unit for them).
@@ -368,9 +373,11 @@ const SeriesLabeler::Entry& SeriesLabeler::Lookup(const proc::ProcessKey& proces
   auto it = cache_.find(process);
   if (it != cache_.end()) {
     Entry& cached = it->second;
-    // A container the API server had not described yet: asked again once a window.
-    if (cached.kubernetes.has_value() && !cached.kubernetes->pod_known &&
-        cached.last_used_window != window_) {
+    // A pod or container the API server had not described: asked again (at most once a window)
+    // once the pods changed.
+    if (cached.kubernetes.has_value() && !cached.kubernetes->complete &&
+        cached.last_used_window != window_ && options_.kubernetes_generation &&
+        options_.kubernetes_generation() != cached.kubernetes->generation) {
       cached = Resolve(process, process_name);
     }
     cached.last_used_window = window_;

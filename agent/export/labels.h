@@ -37,13 +37,16 @@ struct KubernetesInfo {
   std::string node;
   // The pod's parascope.io/service-name annotation: overrides the derived service_name.
   std::string service_name;
-  // False when the cgroup names a container or pod the API server has not (yet) described: the
-  // labeler asks again in a later window.
-  bool pod_known = true;
+  // False when the cgroup names a pod the API server has not described (yet), or a container its
+  // pod does not list (yet: the kubelet reports a new container's id a moment after it starts;
+  // never: the pod's sandbox). The labeler then asks again in a later window, once `generation`
+  // differs from LabelOptions::kubernetes_generation() (the pods changed).
+  bool complete = true;
+  uint64_t generation = 0;
 };
-// Returns the metadata of the process whose /proc/<pid>/cgroup text is `cgroup` (may be ""), or
-// nullopt when it is not in a pod. Called once per process, again once per window while the
-// result has pod_known == false.
+// Returns the metadata of the process whose /proc/<pid>/cgroup text is `cgroup` (may be "" when
+// the process is gone: the lookup may know its cgroup from elsewhere), or nullopt when it is not
+// in a pod. Called once per process, and again while the result is not complete (above).
 using KubernetesLookup =
     std::function<std::optional<KubernetesInfo>(const proc::ProcessKey&, absl::string_view cgroup)>;
 
@@ -55,6 +58,8 @@ struct LabelOptions {
   bool pid_label = false;           // --pid-label
   std::string proc_root = "/proc";  // a fixture directory in tests
   KubernetesLookup kubernetes;      // nullptr: not on Kubernetes
+  // The pods' current generation (k8s::PodStore::generation()); nullptr: never look again.
+  std::function<uint64_t()> kubernetes_generation;
   size_t max_cached_processes = 32768;
 };
 

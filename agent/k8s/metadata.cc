@@ -10,20 +10,26 @@ KubernetesMetadata::KubernetesMetadata(const PodStore* store, std::string node,
 
 std::optional<KubernetesInfo> KubernetesMetadata::Lookup(absl::string_view cgroup) {
   CgroupInfo c = ParseCgroup(cgroup);
-  if (c.container_id.empty() && c.pod_uid.empty()) {
+  KubernetesInfo info;
+  info.node = node_;
+  info.generation = store_->generation();  // before Find: a change after it is seen next time
+  std::string container;
+  std::optional<PodInfo> pod = store_->Find(c.container_id, c.pod_uid, &container);
+  // A container outside the kubelet's hierarchy (docker run, podman, kind's node seen from its
+  // host) that no pod lists is not Kubernetes': no pod UID means no pod to wait for.
+  if (!pod.has_value() && c.pod_uid.empty()) {
     not_in_pod_.fetch_add(1, std::memory_order_relaxed);
     return std::nullopt;
   }
-  KubernetesInfo info;
-  info.node = node_;
-  std::string container;
-  std::optional<PodInfo> pod = store_->Find(c.container_id, c.pod_uid, &container);
   if (!pod.has_value()) {
     pod_unknown_.fetch_add(1, std::memory_order_relaxed);
-    info.pod_known = false;
+    info.complete = false;
     return info;
   }
   pod_.fetch_add(1, std::memory_order_relaxed);
+  // The pod is known but does not list this container (yet): its labels come without
+  // `container` until it does.
+  info.complete = c.container_id.empty() || !container.empty();
   info.namespace_name = pod->namespace_name;
   info.pod = pod->name;
   info.container = container;

@@ -23,8 +23,8 @@ struct TargetOptions {
 // Counts of Lookup results, by outcome, for /metrics.
 struct MetadataStats {
   uint64_t pod = 0;          // the pod (and the container, when its id is listed) was found
-  uint64_t pod_unknown = 0;  // the cgroup names a container or pod the store does not hold
-  uint64_t not_in_pod = 0;   // no container id or pod UID in the cgroup (host processes)
+  uint64_t pod_unknown = 0;  // the cgroup names a pod UID the store does not hold
+  uint64_t not_in_pod = 0;   // no pod UID, no listed container id (host processes, other engines)
 };
 
 // Thread-safe (the store locks; counters are atomics).
@@ -34,8 +34,9 @@ class KubernetesMetadata {
   KubernetesMetadata(const PodStore* store, std::string node, TargetOptions targets);
 
   // The metadata of the process whose /proc/<pid>/cgroup text is `cgroup`: nullopt when the
-  // cgroup names no container or pod (or is ""); pod_known == false while the store does not
-  // know it (the labels are then only `node`). Counted in stats().
+  // cgroup names no pod UID and no container a pod lists (host processes, containers of other
+  // engines, ""); complete == false while the store does not know the pod (the labels are then
+  // only `node`) or the pod does not list the container. Counted in stats().
   std::optional<KubernetesInfo> Lookup(absl::string_view cgroup);
 
   // True when targeting is off, or the process's pod is known and in a target namespace and

@@ -8,6 +8,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "agent/proc/read_file.h"
@@ -50,18 +51,38 @@ PodWatcher::~PodWatcher() { Stop(); }
 absl::Status PodWatcher::Start() {
   absl::string_view url = options_.api_url;
   absl::string_view rest = url;
-  if (!absl::ConsumePrefix(&rest, "https://") && !absl::ConsumePrefix(&rest, "http://")) {
+  if (absl::ConsumePrefix(&rest, "https://")) {
+    https_ = true;
+  } else if (!absl::ConsumePrefix(&rest, "http://")) {
     return absl::InvalidArgumentError(
         absl::StrCat("\"", url, "\" is not an http:// or https:// URL"));
   }
   size_t slash = rest.find('/');
   absl::string_view authority = rest.substr(0, slash);
-  if (authority.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", url, "\" has no host"));
-  }
-  scheme_host_port_ = std::string(url.substr(0, url.size() - rest.size() + authority.size()));
   if (slash != absl::string_view::npos) {
     path_prefix_ = std::string(absl::StripSuffix(rest.substr(slash), "/"));
+  }
+  absl::string_view host = authority, port;
+  if (absl::ConsumePrefix(&host, "[")) {  // [IPv6]:port
+    size_t close = host.find(']');
+    if (close == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", url, "\": no ']' after the IPv6 host"));
+    }
+    absl::string_view after = host.substr(close + 1);
+    host = host.substr(0, close);
+    if (!after.empty() && !absl::ConsumePrefix(&after, ":")) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", url, "\": bad port"));
+    }
+    port = after;
+  } else if (size_t colon = host.rfind(':'); colon != absl::string_view::npos) {
+    port = host.substr(colon + 1);
+    host = host.substr(0, colon);
+  }
+  if (host.empty()) return absl::InvalidArgumentError(absl::StrCat("\"", url, "\" has no host"));
+  host_ = std::string(host);
+  port_ = https_ ? 443 : 80;
+  if (!port.empty() && (!absl::SimpleAtoi(port, &port_) || port_ <= 0 || port_ > 65535)) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", url, "\": bad port"));
   }
   thread_ = std::thread([this] {
     Run();
@@ -82,7 +103,7 @@ void PodWatcher::Stop() {
   // NewClient() and the connect would be lost and a quiet watch would run to its timeout. So it
   // is repeated until the thread has left Run().
   for (;;) {
-    std::shared_ptr<httplib::Client> current;
+    std::shared_ptr<httplib::ClientImpl> current;
     {
       absl::MutexLock lock(&mu_);
       if (mu_.AwaitWithTimeout(absl::Condition(&finished_), absl::Milliseconds(20))) break;
@@ -98,17 +119,20 @@ PodWatcherStats PodWatcher::stats() const {
   return stats_;
 }
 
-std::shared_ptr<httplib::Client> PodWatcher::NewClient(absl::Duration read_timeout) {
-  auto client = std::make_shared<httplib::Client>(scheme_host_port_);
+std::shared_ptr<httplib::ClientImpl> PodWatcher::NewClient(absl::Duration read_timeout) {
+  std::shared_ptr<httplib::ClientImpl> client;
+  if (https_) {
+    client = std::make_shared<httplib::SSLClient>(host_, port_);
+    if (!options_.ca_file.empty()) client->set_ca_cert_path(options_.ca_file);
+    client->enable_server_certificate_verification(true);
+  } else {
+    client = std::make_shared<httplib::ClientImpl>(host_, port_);
+  }
   client->set_url_encode(false);  // QueryEscape did it
   client->set_keep_alive(false);
   client->set_connection_timeout(Seconds(options_.request_timeout), 0);
   client->set_read_timeout(Seconds(read_timeout), 0);
   client->set_write_timeout(Seconds(options_.request_timeout), 0);
-  if (absl::StartsWith(scheme_host_port_, "https://")) {
-    if (!options_.ca_file.empty()) client->set_ca_cert_path(options_.ca_file);
-    client->enable_server_certificate_verification(true);
-  }
   absl::MutexLock lock(&mu_);
   if (stopping_) return nullptr;
   current_ = client;
@@ -130,13 +154,13 @@ bool PodWatcher::Token(std::string* bearer) {
 }
 
 void PodWatcher::MarkUp(bool up, const std::string& why) {
-  bool was;
   {
     absl::MutexLock lock(&mu_);
-    was = stats_.up;
     stats_.up = up;
+    const Logged now = up ? Logged::kUp : Logged::kDown;
+    if (logged_ == now) return;
+    logged_ = now;
   }
-  if (up == was) return;
   if (up) {
     Log(LogLevel::kInfo, "kubernetes: API server %s up: %s", options_.api_url, why);
   } else {
@@ -163,7 +187,7 @@ PodWatcher::Outcome PodWatcher::List(std::string* resource_version) {
   do {
     std::string bearer;
     if (!Token(&bearer)) return Outcome::kFailed;
-    std::shared_ptr<httplib::Client> client = NewClient(options_.request_timeout);
+    std::shared_ptr<httplib::ClientImpl> client = NewClient(options_.request_timeout);
     if (client == nullptr) return Outcome::kStopped;
     std::string path = absl::StrCat(path_prefix_, "/api/v1/pods?fieldSelector=", selector,
                                     "&limit=500");
@@ -215,7 +239,6 @@ PodWatcher::Outcome PodWatcher::List(std::string* resource_version) {
   MarkUp(true, absl::StrCat(n, " pods on node ", options_.node_name));
   Log(LogLevel::kDebug, "kubernetes: listed %d pods of node %s at resourceVersion %s",
       static_cast<int>(n), options_.node_name, *resource_version);
-  backoff_ = options_.backoff_initial;
   return Outcome::kOk;
 }
 
@@ -224,7 +247,8 @@ PodWatcher::Outcome PodWatcher::Watch(std::string* resource_version) {
   if (!Token(&bearer)) return Outcome::kFailed;
   // The server ends the request after timeoutSeconds; a silent connection longer than that and
   // a margin is a dead one.
-  std::shared_ptr<httplib::Client> client = NewClient(options_.watch_timeout + absl::Seconds(30));
+  std::shared_ptr<httplib::ClientImpl> client =
+      NewClient(options_.watch_timeout + absl::Seconds(30));
   if (client == nullptr) return Outcome::kStopped;
   std::string path = absl::StrCat(
       path_prefix_, "/api/v1/pods?fieldSelector=",
@@ -321,6 +345,8 @@ PodWatcher::Outcome PodWatcher::Watch(std::string* resource_version) {
     absl::MutexLock lock(&mu_);
     if (stopping_) return Outcome::kStopped;
   }
+  // A last event without its newline (the server closed the stream right after it).
+  if (res && status == 200 && outcome == Outcome::kOk && !buffer.empty()) on_line(buffer);
   if (outcome == Outcome::kExpired) {
     absl::MutexLock lock(&mu_);
     ++stats_.errors_expired;
@@ -351,7 +377,6 @@ PodWatcher::Outcome PodWatcher::Watch(std::string* resource_version) {
     MarkUp(false, absl::StrCat("watch: ", httplib::to_string(res.error()), " error"));
     return Outcome::kFailed;
   }
-  if (!buffer.empty()) on_line(buffer);  // a last event without its newline
   return Outcome::kOk;  // the server ended the watch (timeoutSeconds): watch again
 }
 
@@ -364,7 +389,8 @@ void PodWatcher::Run() {
       Backoff();
       continue;
     }
-    const absl::Time relist_at = absl::Now() + options_.resync;
+    const absl::Time listed_at = absl::Now();
+    const absl::Time relist_at = listed_at + options_.resync;
     Outcome watched = Outcome::kOk;
     while (watched == Outcome::kOk && absl::Now() < relist_at) {
       const absl::Time started = absl::Now();
@@ -373,8 +399,10 @@ void PodWatcher::Run() {
       if (watched == Outcome::kOk && absl::Now() - started < absl::Seconds(1)) Backoff();
     }
     if (watched == Outcome::kStopped) return;
-    if (watched == Outcome::kFailed) Backoff();
-    // kExpired or the resync deadline: list again at once.
+    // kExpired, kFailed or the resync deadline: list again, at once only after a healthy minute.
+    const bool healthy = absl::Now() - listed_at >= absl::Minutes(1);
+    if (healthy) backoff_ = options_.backoff_initial;
+    if (watched == Outcome::kFailed || !healthy) Backoff();
   }
 }
 

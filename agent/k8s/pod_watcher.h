@@ -10,8 +10,10 @@
 // request: the kubelet rotates projected service account tokens (about hourly).
 //
 // An unreachable or failing API server never blocks profiling: the store keeps what it had,
-// `up()` is false, errors are counted by reason, and retries back off exponentially (with jitter)
-// from backoff_initial to backoff_max.
+// stats().up is false, errors are counted by reason, and retries back off exponentially (with
+// jitter) from backoff_initial to backoff_max. The backoff is reset only once a list has been
+// followed by a minute of healthy watching, so a server that lists but refuses or cuts watches
+// (RBAC without watch, a proxy, 410 at once) is not listed again every second by every node.
 #pragma once
 
 #include <atomic>
@@ -27,7 +29,7 @@
 #include "agent/k8s/pods.h"
 
 namespace httplib {
-class Client;
+class ClientImpl;
 }
 
 namespace parascope::k8s {
@@ -84,7 +86,7 @@ class PodWatcher {
   // it, an error, or the resync deadline.
   Outcome Watch(std::string* resource_version);
   // A client for one request, registered so Stop() can interrupt it; nullptr after Stop().
-  std::shared_ptr<httplib::Client> NewClient(absl::Duration read_timeout);
+  std::shared_ptr<httplib::ClientImpl> NewClient(absl::Duration read_timeout);
   // The Authorization header's value, or false (counted) when the token file is unreadable.
   bool Token(std::string* bearer);
   void MarkUp(bool up, const std::string& why);
@@ -93,15 +95,22 @@ class PodWatcher {
 
   const PodWatcherOptions options_;
   PodStore* const store_;
-  std::string scheme_host_port_, path_prefix_;
+  // From api_url: host (IPv6 without brackets: httplib 0.11's URL parser takes only [digits and
+  // colons]), port, scheme, path prefix.
+  std::string host_, path_prefix_;
+  int port_ = 0;
+  bool https_ = false;
   std::thread thread_;
   absl::Duration backoff_;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Run() returned
-  std::shared_ptr<httplib::Client> current_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<httplib::ClientImpl> current_ ABSL_GUARDED_BY(mu_);
   PodWatcherStats stats_ ABSL_GUARDED_BY(mu_);
+  // What was last logged: the first failure is logged too, not only changes after an "up".
+  enum class Logged { kNothing, kUp, kDown };
+  Logged logged_ ABSL_GUARDED_BY(mu_) = Logged::kNothing;
 };
 
 }  // namespace parascope::k8s

@@ -130,7 +130,7 @@ class PodStore {
                               std::string* container) const;
 
   PodStoreStats stats() const;
-  // Increases each time the store changes (callers re-resolve what they could not find).
+  // Increases each time the store changes (the labeler looks again for what it could not find).
   uint64_t generation() const;
 
  private:

@@ -89,13 +89,17 @@ namespace {
 // before the drop (the push client's, the HTTP server's, the unwinder's, gRPC's) keeps what it
 // was started with. So each other thread applies the same sets itself, from a signal handler, as
 // glibc's setxid broadcast (nptl SIGSETXID) and libcap's psx do.
+// Static, and the handler stays installed once set: a signal still queued for a thread that was
+// slow to answer (real-time signals queue) must find the same sets, never SIG_DFL (whose action
+// for a real-time signal ends the process) nor a freed frame.
 struct Broadcast {
   __user_cap_data_struct data[2];
   uint64_t drop_ambient;
   std::atomic<int> done{0};
   std::atomic<int> failed{0};
 };
-Broadcast* g_broadcast = nullptr;
+Broadcast g_broadcast_storage;
+Broadcast* g_broadcast = &g_broadcast_storage;
 
 void ApplyInThisThread(int) {
   const int saved = errno;
@@ -138,18 +142,16 @@ uint64_t ThreadEffective(pid_t tid) {
 // next pass (at most 5). Internal when a thread refuses or does not answer within 2 s.
 absl::Status ApplyInOtherThreads(const __user_cap_data_struct data[2], uint64_t drop_ambient) {
   const int sig = SIGRTMIN + 2;  // glibc keeps SIGRTMIN-2 and SIGRTMIN-1 for itself
-  Broadcast b;
+  Broadcast& b = *g_broadcast;
   b.data[0] = data[0];
   b.data[1] = data[1];
   b.drop_ambient = drop_ambient;
-  g_broadcast = &b;
-  struct sigaction sa {}, old {};
+  struct sigaction sa {};
   sa.sa_handler = ApplyInThisThread;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  if (sigaction(sig, &sa, &old) != 0) return ErrnoStatus(errno, "sigaction");
+  if (sigaction(sig, &sa, nullptr) != 0) return ErrnoStatus(errno, "sigaction");
   const uint64_t want = data[0].effective | (uint64_t{data[1].effective} << 32);
-  absl::Status status = absl::OkStatus();
   for (int pass = 0; pass < 5; ++pass) {
     int sent = 0;
     for (pid_t tid : OtherThreads()) {
@@ -158,28 +160,24 @@ absl::Status ApplyInOtherThreads(const __user_cap_data_struct data[2], uint64_t 
     }
     if (sent == 0) break;
     const int target = b.done.load() + sent;
-    // Threads that exit before handling the signal never answer: bounded wait.
+    // A thread that exits before handling the signal never answers: bounded wait.
     for (int i = 0; i < 2000 && b.done.load() < target; ++i) {
       timespec ms{0, 1000000};
       nanosleep(&ms, nullptr);
     }
-    if (b.done.load() < target) {
-      status = absl::InternalError("capabilities: a thread did not drop its capabilities in 2 s");
-    }
   }
-  if (b.failed.load() > 0) {
-    status = absl::InternalError(
-        absl::StrCat("capabilities: capset failed in ", b.failed.load(), " thread(s)"));
-  }
+  // Only what the threads hold now counts (one that exited meanwhile holds nothing).
+  int holding = 0;
   for (pid_t tid : OtherThreads()) {
-    if ((ThreadEffective(tid) & ~want) != 0) {
-      status = absl::InternalError(
-          absl::StrCat("capabilities: thread ", tid, " still holds capabilities to drop"));
-    }
+    const uint64_t eff = ThreadEffective(tid);
+    if (eff != ~uint64_t{0} && (eff & ~want) != 0) ++holding;
   }
-  sigaction(sig, &old, nullptr);
-  g_broadcast = nullptr;
-  return status;
+  if (holding > 0) {
+    return absl::InternalError(absl::StrCat("capabilities: ", holding,
+                                            " thread(s) still hold capabilities to drop (",
+                                            b.failed.load(), " capset failures)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace

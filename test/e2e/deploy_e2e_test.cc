@@ -119,8 +119,10 @@ uint64_t StatusCapabilities(int pid, const std::string& key) {
   std::error_code ec;
   for (const auto& task :
        std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), ec)) {
+    const std::string text = ReadText(task.path() / "status");
+    if (text.empty()) continue;  // the thread exited during the scan
     bool found = false;
-    for (absl::string_view line : absl::StrSplit(ReadText(task.path() / "status"), '\n')) {
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
       uint64_t bits = 0;
       if (absl::ConsumePrefix(&line, key + ":") &&
           absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line), &bits)) {

@@ -644,10 +644,11 @@ TEST_CASE("kubernetes: pushed series carry namespace, pod, container, node, serv
   if (!RequireRoot()) return;
   TwoPods pods;
   testing::FakeApiServer api("node-e2e", "e2e-token");
+  // checkout comes from the list; report only from the watch, after the agent started: ADDED
+  // while Pending (no container id yet), MODIFIED once its container runs.
   api.Apply(pods.checkout);
-  api.Apply(pods.report);
-  PodContainer checkout(pods.checkout, "burstable", "cri-containerd-", 30);
-  PodContainer report(pods.report, "besteffort", "crio-", 30);
+  PodContainer checkout(pods.checkout, "burstable", "cri-containerd-", 40);
+  PodContainer report(pods.report, "besteffort", "crio-", 40);
   TempDir dir;
   TestReceiver receiver({"--strict"});
   Agent agent({"--kubernetes=true", "--kubernetes-api-url=" + api.url(),
@@ -666,8 +667,28 @@ TEST_CASE("kubernetes: pushed series carry namespace, pod, container, node, serv
     }
     return out;
   };
+  REQUIRE(receiver.WaitFor([&](const auto&) { return !pushed_for(a).empty(); }, 60));
+  testing::FakePod pending = pods.report;
+  pending.container_id = "";
+  api.Apply(pending);
+  // The pod is known, its container not yet: the pod's labels without `container`.
   REQUIRE(receiver.WaitFor([&](const auto&) {
-    return !pushed_for(a).empty() && !pushed_for(b).empty();
+    for (const auto& l : pushed_for(b)) {
+      if (l.count("pod") > 0) return true;
+    }
+    return false;
+  }, 60));
+  for (const auto& l : pushed_for(b)) {
+    if (l.count("pod") == 0) continue;
+    CHECK(l.at("pod") == "report-1");
+    CHECK(l.count("container") == 0);
+    CHECK(l.at("service_name") == "nightly-report");  // the annotation, there from the start
+    break;
+  }
+  api.Apply(pods.report);
+  REQUIRE(receiver.WaitFor([&](const auto&) {
+    auto l = pushed_for(b);
+    return !l.empty() && l.back().count("container") > 0;
   }, 60));
   std::map<std::string, std::string> want_a = {
       {"__name__", "process_cpu"}, {"service_name", "shop/checkout"}, {"hostname", "node-e2e"},
@@ -678,7 +699,7 @@ TEST_CASE("kubernetes: pushed series carry namespace, pod, container, node, serv
       {"namespace", "batch"}, {"pod", "report-1"}, {"container", "report"},
       {"node", "node-e2e"}, {"pid", b}};
   CHECK(pushed_for(a).front() == want_a);
-  CHECK(pushed_for(b).front() == want_b);
+  CHECK(pushed_for(b).back() == want_b);
   // Processes outside the pods' cgroups get no Kubernetes labels.
   for (const auto& r : receiver.OkRecords()) {
     auto l = Labels(r);
@@ -692,6 +713,16 @@ TEST_CASE("kubernetes: pushed series carry namespace, pod, container, node, serv
   CHECK(MetricValue(metrics, "parascope_kubernetes_api_up") == 1);
   CHECK(MetricValue(metrics, "parascope_kubernetes_pods") == 2);
   CHECK(MetricValue(metrics, "parascope_kubernetes_lookups_total{result=\"pod\"}") >= 2);
+  CHECK(MetricValue(metrics, "parascope_kubernetes_watch_events_total{type=\"added\"}") == 1);
+  CHECK(MetricValue(metrics, "parascope_kubernetes_watch_events_total{type=\"modified\"}") == 1);
+  // DELETED: the store forgets the pod; a process labeled before keeps its labels.
+  api.Remove(pods.checkout.uid);
+  bool deleted = false;
+  for (int i = 0; i < 100 && !deleted; ++i) {
+    deleted = MetricValue(agent.Get("/metrics"), "parascope_kubernetes_pods") == 1;
+    if (!deleted) absl::SleepFor(absl::Milliseconds(100));
+  }
+  CHECK(deleted);
   CHECK(api.refused().empty());
 
   // The API server dies mid-run.

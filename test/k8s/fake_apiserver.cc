@@ -60,8 +60,11 @@ std::string FakePodJson(const FakePod& pod, uint64_t resource_version) {
   return j.dump();
 }
 
-FakeApiServer::FakeApiServer(std::string node, std::string token)
-    : node_(std::move(node)), token_(std::move(token)), server_(std::make_unique<httplib::Server>()) {
+FakeApiServer::FakeApiServer(std::string node, std::string token, std::string host)
+    : node_(std::move(node)),
+      token_(std::move(token)),
+      host_(std::move(host)),
+      server_(std::make_unique<httplib::Server>()) {
   server_->Get("/api/v1/pods", [this](const httplib::Request& req, httplib::Response& res) {
     auto refuse = [&](int status, const std::string& reason, const std::string& message) {
       res.status = status;
@@ -76,6 +79,14 @@ FakeApiServer::FakeApiServer(std::string node, std::string token)
       return refuse(400, "BadRequest", "expected fieldSelector=spec.nodeName=" + node_);
     }
     const bool watch = req.get_param_value("watch") == "1" || req.get_param_value("watch") == "true";
+    int refuse_status = 0;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      refuse_status = refuse_watches_;
+    }
+    if (watch && refuse_status != 0) {
+      return refuse(refuse_status, "Forbidden", "pods is forbidden: watch");
+    }
     std::unique_lock<std::mutex> l(mu_);
     if (!watch) {
       ++lists_;
@@ -134,7 +145,7 @@ FakeApiServer::FakeApiServer(std::string node, std::string token)
           }
         });
   });
-  port_ = server_->bind_to_any_port("127.0.0.1");
+  port_ = server_->bind_to_any_port(host_);
   if (port_ <= 0) throw std::runtime_error("fake API server: cannot bind");
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   // stop() before the accept loop runs would be lost (httplib 0.11 has no wait_until_ready).
@@ -143,7 +154,10 @@ FakeApiServer::FakeApiServer(std::string node, std::string token)
 
 FakeApiServer::~FakeApiServer() { Stop(); }
 
-std::string FakeApiServer::url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+std::string FakeApiServer::url() const {
+  const bool v6 = host_.find(':') != std::string::npos;
+  return "http://" + (v6 ? "[" + host_ + "]" : host_) + ":" + std::to_string(port_);
+}
 
 void FakeApiServer::Apply(const FakePod& pod) {
   std::lock_guard<std::mutex> l(mu_);
@@ -164,6 +178,11 @@ void FakeApiServer::Remove(const std::string& uid) {
       {rv, "{\"type\":\"DELETED\",\"object\":" + FakePodJson(it->second.first, rv) + "}\n"});
   pods_.erase(it);
   cv_.notify_all();
+}
+
+void FakeApiServer::RefuseWatches(int status) {
+  std::lock_guard<std::mutex> l(mu_);
+  refuse_watches_ = status;
 }
 
 void FakeApiServer::ExpireWatches() {

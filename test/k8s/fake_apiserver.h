@@ -39,15 +39,18 @@ class FakeApiServer {
  public:
   // Only requests with fieldSelector=spec.nodeName=<node> and, when token is not "",
   // "Authorization: Bearer <token>" are served (else 400 / 401 with a Status).
-  explicit FakeApiServer(std::string node, std::string token = "");
+  // `host`: the address to listen on ("::1" for an IPv6 test).
+  explicit FakeApiServer(std::string node, std::string token = "", std::string host = "127.0.0.1");
   ~FakeApiServer();  // Stop()
 
-  std::string url() const;  // "http://127.0.0.1:<port>"
+  std::string url() const;  // "http://127.0.0.1:<port>", "http://[::1]:<port>"
 
   // Adds or replaces a pod (by uid) and records ADDED or MODIFIED for watchers.
   void Apply(const FakePod& pod);
   // Removes a pod and records DELETED.
   void Remove(const std::string& uid);
+  // Answers every later watch request with `status` (e.g. 403: RBAC without "watch"); 0 = serve.
+  void RefuseWatches(int status);
   // Ends every open watch with an ERROR 410 Expired event (the client must list again).
   void ExpireWatches();
   // Closes the listener and every connection; later requests are refused. Idempotent.
@@ -63,7 +66,7 @@ class FakeApiServer {
     uint64_t rv;
     std::string line;  // {"type":...,"object":...}\n
   };
-  std::string node_, token_;
+  std::string node_, token_, host_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;
@@ -76,6 +79,7 @@ class FakeApiServer {
   std::map<std::string, std::pair<FakePod, uint64_t>> pods_;  // uid -> pod, its rv
   std::vector<Event> events_;
   int lists_ = 0, watches_ = 0;
+  int refuse_watches_ = 0;
   std::vector<std::string> refused_;
 };
 

@@ -320,7 +320,7 @@ TEST_CASE("k8s: metadata and targeting of a process from its cgroup") {
   k8s::KubernetesMetadata m(&store, "node-a", {});
   auto info = m.Lookup(checkout);
   REQUIRE(info.has_value());
-  CHECK(info->pod_known);
+  CHECK(info->complete);
   CHECK(info->namespace_name == "shop");
   CHECK(info->pod == "checkout-7c9d5b8f6d-x2x8q");
   CHECK(info->container == "checkout");
@@ -332,15 +332,26 @@ TEST_CASE("k8s: metadata and targeting of a process from its cgroup") {
   CHECK(info->service_name == "search-frontend");
   info = m.Lookup(unknown);
   REQUIRE(info.has_value());
-  CHECK(!info->pod_known);
+  CHECK(!info->complete);
   CHECK(info->pod == "");
   CHECK(info->node == "node-a");
+  CHECK(info->generation == store.generation());
   CHECK(!m.Lookup(host).has_value());
   CHECK(!m.Lookup("").has_value());
+  // A container of another engine (docker run on the node): no pod UID, no pod lists it.
+  CHECK(!m.Lookup("0::/system.slice/docker-" + std::string(64, 'd') + ".scope\n").has_value());
+  // A known pod that does not list this container (yet; or its sandbox): the pod's labels, no
+  // container, incomplete.
+  info = m.Lookup("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" +
+                  kUidSlice + ".slice/cri-containerd-" + std::string(64, '9') + ".scope\n");
+  REQUIRE(info.has_value());
+  CHECK(!info->complete);
+  CHECK(info->pod == "checkout-7c9d5b8f6d-x2x8q");
+  CHECK(info->container == "");
   k8s::MetadataStats st = m.stats();
-  CHECK(st.pod == 2);
+  CHECK(st.pod == 3);
   CHECK(st.pod_unknown == 1);
-  CHECK(st.not_in_pod == 2);
+  CHECK(st.not_in_pod == 3);
   CHECK(!m.targeting());
   CHECK(m.Selected(host));  // no targeting: everything
 
@@ -442,6 +453,7 @@ TEST_CASE("k8s: a wrong token or node is refused by the server and counted") {
   k8s::PodWatcherOptions o;
   o.api_url = server.url() + "/";
   o.node_name = "node-b";
+  o.token_file = "";  // no token: 401
   o.backoff_initial = absl::Milliseconds(20);
   o.backoff_max = absl::Milliseconds(40);
   k8s::PodWatcher watcher(o, &store);
@@ -456,8 +468,79 @@ TEST_CASE("k8s: a wrong token or node is refused by the server and counted") {
   CHECK(server.refused()[0].rfind("401 ", 0) == 0);
   watcher.Stop();
 
-  k8s::PodWatcher bad({}, &store);
-  CHECK(!bad.Start().ok());
+  // The right token, the wrong node: 400 from the field selector check.
+  unit_testing::TempDir dir;
+  std::ofstream(dir.path() + "/token") << "right";
+  o.token_file = dir.path() + "/token";
+  const size_t refused = server.refused().size();
+  k8s::PodWatcher wrong_node(o, &store);
+  REQUIRE(wrong_node.Start().ok());
+  for (int i = 0; i < 500 && server.refused().size() < refused + 2; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  REQUIRE(server.refused().size() >= refused + 2);
+  CHECK(server.refused()[refused].rfind("400 ", 0) == 0);
+  wrong_node.Stop();
+
+  for (const char* url : {"", "ftp://h", "http://", "http://[::1", "http://h:99999", "http://h:x"}) {
+    INFO(url);
+    k8s::PodWatcherOptions bad_url;
+    bad_url.api_url = url;
+    k8s::PodWatcher bad(bad_url, &store);
+    CHECK(!bad.Start().ok());
+  }
+}
+
+// A server that lists but refuses every watch (RBAC without "watch") is not listed again every
+// second: the backoff grows while no watch stays healthy.
+TEST_CASE("k8s: a server that refuses watches is listed with growing backoff") {
+  testing::FakeApiServer server("node-a");
+  server.RefuseWatches(403);
+  k8s::PodStore store;
+  k8s::PodWatcherOptions o;
+  o.api_url = server.url();
+  o.node_name = "node-a";
+  o.token_file = "";
+  o.backoff_initial = absl::Milliseconds(100);
+  o.backoff_max = absl::Seconds(30);
+  k8s::PodWatcher watcher(o, &store);
+  REQUIRE(watcher.Start().ok());
+  absl::SleepFor(absl::Seconds(3));  // the measurement interval, not a synchronization
+  const int lists = server.lists();
+  watcher.Stop();
+  // 0.1 + 0.2 + 0.4 + 0.8 + 1.6 s (each with jitter down to half): at most 7 lists in 3 s, where a
+  // reset after each list would give about 30.
+  INFO("lists in 3 s: " << lists);
+  CHECK(lists >= 2);
+  CHECK(lists <= 7);
+  CHECK(watcher.stats().errors_status >= 2);
+  CHECK(!watcher.stats().up);
+}
+
+// An IPv6 API server address (the in-cluster default on IPv6 clusters), bracketed in the URL:
+// httplib 0.11's own URL parser takes only [digits and colons], so the watcher parses it.
+TEST_CASE("k8s: the watcher lists from an IPv6 address") {
+  testing::FakeApiServer server("node-a", "", "::1");
+  testing::FakePod pod;
+  pod.uid = kUid;
+  pod.name = "web-0";
+  pod.namespace_name = "shop";
+  pod.node = "node-a";
+  pod.app = "web";
+  pod.container = "web";
+  pod.container_id = kId;
+  server.Apply(pod);
+  k8s::PodStore store;
+  k8s::PodWatcherOptions o;
+  o.api_url = server.url();
+  o.node_name = "node-a";
+  o.token_file = "";
+  k8s::PodWatcher watcher(o, &store);
+  REQUIRE(watcher.Start().ok());
+  for (int i = 0; i < 500 && !watcher.stats().synced; ++i) absl::SleepFor(absl::Milliseconds(10));
+  CHECK(watcher.stats().synced);
+  CHECK(store.stats().pods == 1);
+  watcher.Stop();
 }
 
 }  // namespace

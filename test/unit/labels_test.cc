@@ -134,7 +134,11 @@ TEST_CASE("Labels: Kubernetes seam adds labels and <namespace>/<container>") {
                                 absl::string_view cgroup) -> std::optional<KubernetesInfo> {
     seen_cgroup = std::string(cgroup);
     if (key.tgid != 5005) return std::nullopt;
-    return KubernetesInfo{"shop", "redis-0", "redis", ""};
+    KubernetesInfo k;
+    k.namespace_name = "shop";
+    k.pod = "redis-0";
+    k.container = "redis";
+    return k;
   };
   SeriesLabeler labeler(o);
   auto labels = labeler.Labels(Key(5005), "redis-server", "latency");
@@ -315,6 +319,58 @@ TEST_CASE("ParseCgroup: containers") {
       ParseCgroup("0::/system.slice/docker-" + id + ".scope/system.slice/postgres.service\n");
   CHECK(inner.container_id == id);
   CHECK(inner.systemd_unit == "postgres");
+}
+
+// The pod annotation beats OTEL_SERVICE_NAME; an incomplete lookup (container not listed yet) is
+// repeated only once the pods changed; a process that is gone keeps <namespace>/<container>.
+TEST_CASE("Labels: pod annotation first, incomplete pods looked up again once the pods change") {
+  TempProcRoot root;
+  LabelOptions o = Options(root.dir());
+  uint64_t generation = 7;
+  int lookups = 0;
+  KubernetesInfo answer;
+  answer.namespace_name = "shop";
+  answer.pod = "checkout-0";
+  answer.node = "node-a";
+  answer.complete = false;  // the pod does not list the container yet
+  answer.generation = 7;
+  o.kubernetes = [&](const proc::ProcessKey&, absl::string_view) -> std::optional<KubernetesInfo> {
+    ++lookups;
+    return answer;
+  };
+  o.kubernetes_generation = [&] { return generation; };
+  SeriesLabeler labeler(o);
+  using P = std::pair<std::string, ServiceNameSource>;
+  // 5001 has OTEL_SERVICE_NAME=checkout; no container yet, so no <namespace>/<container> either.
+  CHECK(labeler.ServiceName(Key(5001), "nginx") == P("checkout", ServiceNameSource::kOtelEnv));
+  CHECK(lookups == 1);
+  labeler.EndWindow();
+  // The pods did not change: not asked again.
+  CHECK(labeler.ServiceName(Key(5001), "nginx").first == "checkout");
+  CHECK(lookups == 1);
+  labeler.EndWindow();
+  // They changed: asked again (once this window), and the annotation now wins.
+  answer.container = "web";
+  answer.complete = true;
+  answer.service_name = "storefront";
+  answer.generation = 8;
+  generation = 8;
+  CHECK(labeler.ServiceName(Key(5001), "nginx") ==
+        P("storefront", ServiceNameSource::kPodAnnotation));
+  CHECK(labeler.ServiceName(Key(5001), "nginx").first == "storefront");
+  CHECK(lookups == 2);
+  auto labels = labeler.Labels(Key(5001), "nginx", "wall");
+  REQUIRE(labels.ok());
+  CHECK(*labels == LabelList{{"__name__", "wall"},
+                             {"service_name", "storefront"},
+                             {"hostname", "node-a"},
+                             {"namespace", "shop"},
+                             {"pod", "checkout-0"},
+                             {"container", "web"},
+                             {"node", "node-a"}});
+  // A process that is gone (its cgroup known to the lookup from exec): <namespace>/<container>.
+  answer.service_name = "";
+  CHECK(labeler.ServiceName({9999, 1}, "sh") == P("shop/web", ServiceNameSource::kKubernetes));
 }
 
 }  // namespace
