@@ -12,7 +12,7 @@ PYTHON ?= /usr/bin/python3
 FUZZ_SECONDS ?= 300
 FUZZ_TARGETS ?= proc perf_map elf cfi
 
-.PHONY: all setup build run test unit fuzz bench clean test-kernels install install-files
+.PHONY: all setup build run test unit fuzz bench clean test-kernels install install-files image test-image
 
 all: build
 
@@ -81,6 +81,15 @@ install-files:
 	install -m 0644 README.md deploy/config.example.yaml $(DESTDIR)$(PREFIX)/share/doc/parascope/
 	test -e $(DESTDIR)$(SYSCONFDIR)/parascope/config.yaml || \
 	  $(SUBST) deploy/systemd/config.yaml > $(DESTDIR)$(SYSCONFDIR)/parascope/config.yaml
+
+# `sudo make image`: the container image (Dockerfile) with podman, from a local debootstrap base
+# when none is present (scripts/image). `sudo make test-image`: the agent run from that image's
+# root filesystem, its profiles checked (scripts/test-image).
+image:
+	@bash scripts/setup --image
+	PARASCOPE_VERSION=$(shell git describe --always --dirty 2>/dev/null || echo dev) bash scripts/image
+test-image: build
+	BUILD=$(BUILD) bash scripts/test-image
 
 clean:
 	rm -rf $(BUILD)
