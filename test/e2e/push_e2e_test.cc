@@ -301,8 +301,11 @@ TEST_CASE("push: a 20 s outage loses nothing and /metrics shows the retries", "[
       CHECK(static_cast<int64_t>(starts.size()) <= windows);
       CHECK(ids.size() == starts.size());
       CHECK(std::is_sorted(starts.begin(), starts.end()));
+      // A window ends when the agent's loop flips the buffers, so one can run long by the loop's
+      // wake-up delay (CI once measured 2.209 s with the workload busy on both CPUs); a lost or
+      // doubled window would be 4 s or 0 s apart.
       for (size_t i = 1; i + 1 < starts.size(); ++i) {  // the last window may be partial
-        CHECK(starts[i] - starts[i - 1] == Approx(2e9).margin(5e7));
+        CHECK(starts[i] - starts[i - 1] == Approx(2e9).margin(3e8));
       }
       work.child->CloseStdin();
     }
@@ -638,7 +641,7 @@ std::string WriteToken(const TempDir& dir) {
 
 // Acceptance 4 of issue 12: labels from the API server's pods; a dead API server does not stop
 // profiling, raises the metric, and pods known before keep their labels.
-TEST_CASE("kubernetes: pushed series carry namespace, pod, container, node, service_name; a dead "
+TEST_CASE("kubernetes: pushed series carry namespace, pod, container, node, service_name, and a dead "
           "API server keeps profiling",
           "[root][e2e][push][kubernetes]") {
   if (!RequireRoot()) return;

@@ -748,7 +748,10 @@ bool FakebuildPremise(const std::map<std::string, std::string>& done, std::strin
   absl::SimpleAtoi(done.count("parallel_cpu_ns") ? done.at("parallel_cpu_ns") : "", &parallel);
   absl::SimpleAtoi(done.count("children_runq_wait_ns") ? done.at("children_runq_wait_ns") : "",
                    &runq);
-  const bool ok = Ratio(parallel, serial) >= 1.85 && Ratio(runq, parallel) <= 0.08;
+  // The children's run-queue wait costs parallelism about twice over: each ms one of them waits
+  // is a ms the step runs at 1 (measured in CI: wait 7.4% of their CPU, 86% of parallel_step's
+  // latency at parallelism 2, against the bar of 90%). So the bar needs the wait under 5%.
+  const bool ok = Ratio(parallel, serial) >= 1.85 && Ratio(runq, parallel) <= 0.04;
   *why = absl::StrCat("serial_step ", Ms(serial), " CPU, parallel_step ", Ms(parallel),
                       " CPU over the children, their run-queue wait ", Ms(runq), ": ",
                       ok ? "holds" : "does not hold (another process was busy)");
