@@ -152,26 +152,29 @@ absl::Status ApplyInOtherThreads(const __user_cap_data_struct data[2], uint64_t 
   sa.sa_flags = SA_RESTART;
   if (sigaction(sig, &sa, nullptr) != 0) return ErrnoStatus(errno, "sigaction");
   const uint64_t want = data[0].effective | (uint64_t{data[1].effective} << 32);
-  for (int pass = 0; pass < 5; ++pass) {
-    int sent = 0;
+  // Threads still holding more than `want` (a thread that exited, or exits meanwhile, holds
+  // nothing: capget fails for it).
+  auto holding_threads = [want] {
+    std::vector<pid_t> out;
     for (pid_t tid : OtherThreads()) {
-      if ((ThreadEffective(tid) & ~want) == 0) continue;  // already dropped (or gone)
-      if (syscall(SYS_tgkill, getpid(), tid, sig) == 0) ++sent;
+      const uint64_t eff = ThreadEffective(tid);
+      if (eff != ~uint64_t{0} && (eff & ~want) != 0) out.push_back(tid);
     }
-    if (sent == 0) break;
-    const int target = b.done.load() + sent;
-    // A thread that exits before handling the signal never answers: bounded wait.
-    for (int i = 0; i < 2000 && b.done.load() < target; ++i) {
+    return out;
+  };
+  for (int pass = 0; pass < 5; ++pass) {
+    const std::vector<pid_t> holding = holding_threads();
+    if (holding.empty()) break;
+    for (pid_t tid : holding) (void)syscall(SYS_tgkill, getpid(), tid, sig);
+    // Polled on the threads themselves, not on answers counted: a thread that exits before its
+    // handler runs (start-up helpers do) would otherwise cost the whole wait. At most 2 s.
+    for (int i = 0; i < 2000 && !holding_threads().empty(); ++i) {
       timespec ms{0, 1000000};
       nanosleep(&ms, nullptr);
     }
   }
-  // Only what the threads hold now counts (one that exited meanwhile holds nothing).
-  int holding = 0;
-  for (pid_t tid : OtherThreads()) {
-    const uint64_t eff = ThreadEffective(tid);
-    if (eff != ~uint64_t{0} && (eff & ~want) != 0) ++holding;
-  }
+  // Only what the threads hold now counts.
+  const int holding = static_cast<int>(holding_threads().size());
   if (holding > 0) {
     return absl::InternalError(absl::StrCat("capabilities: ", holding,
                                             " thread(s) still hold capabilities to drop (",
