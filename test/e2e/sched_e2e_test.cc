@@ -742,16 +742,15 @@ std::string Describe(const StepShares& m) {
 
 // The premise of fakebuild's shares: the children really ran at once (two CPUs free), so CPU was
 // 1:2. Their run-queue waits bound the time the parallel phases were not parallel.
-bool FakebuildPremise(const std::map<std::string, std::string>& done, std::string* why) {
+// max_runq: the children's run-queue wait allowed, as a share of their CPU.
+bool FakebuildPremise(const std::map<std::string, std::string>& done, std::string* why,
+                      double max_runq) {
   int64_t serial = 0, parallel = 0, runq = 0;
   absl::SimpleAtoi(done.count("serial_cpu_ns") ? done.at("serial_cpu_ns") : "", &serial);
   absl::SimpleAtoi(done.count("parallel_cpu_ns") ? done.at("parallel_cpu_ns") : "", &parallel);
   absl::SimpleAtoi(done.count("children_runq_wait_ns") ? done.at("children_runq_wait_ns") : "",
                    &runq);
-  // The children's run-queue wait costs parallelism about twice over: each ms one of them waits
-  // is a ms the step runs at 1 (measured in CI: wait 7.4% of their CPU, 86% of parallel_step's
-  // latency at parallelism 2, against the bar of 90%). So the bar needs the wait under 5%.
-  const bool ok = Ratio(parallel, serial) >= 1.85 && Ratio(runq, parallel) <= 0.04;
+  const bool ok = Ratio(parallel, serial) >= 1.85 && Ratio(runq, parallel) <= max_runq;
   *why = absl::StrCat("serial_step ", Ms(serial), " CPU, parallel_step ", Ms(parallel),
                       " CPU over the children, their run-queue wait ", Ms(runq), ": ",
                       ok ? "holds" : "does not hold (another process was busy)");
@@ -842,7 +841,10 @@ TEST_CASE("latency groups: command mode profiles a fake build as one tree, CPU 1
     REQUIRE(!done_line.empty());
     done = KeyValues(done_line);
     std::string why;
-    premise = FakebuildPremise(done, &why);
+    // The children's run-queue wait costs parallelism about twice over: each ms one of them
+    // waits is a ms the step runs at 1 (measured in CI: wait 7.4% of their CPU, 86% of
+    // parallel_step's latency at parallelism 2, against the bar of 90%). So it must stay under 4%.
+    premise = FakebuildPremise(done, &why, 0.04);
     FIGURES("premise, run " << attempt << ": " << why);
   }
   REQUIRE(premise);
@@ -976,7 +978,10 @@ TEST_CASE("latency groups: a cgroup's latency profile shows 1/2 1/2 where per pr
       REQUIRE(WIFEXITED(status));
       REQUIRE(WEXITSTATUS(status) == 0);
       std::string why;
-      premise = FakebuildPremise(r.done, &why);
+      // cgroup checks parallelism at 2 (as command mode: at most 4% wait); process compares
+      // latency with CPU per process, which the wait does not change (the whole-host daemon
+      // itself adds 4-5% here).
+      premise = FakebuildPremise(r.done, &why, group == "cgroup" ? 0.04 : 0.08);
       FIGURES("--latency-group=" << group << ", premise, run " << attempt << ": " << why);
     }
     REQUIRE(premise);
