@@ -17,10 +17,11 @@ namespace parascope {
 namespace {
 
 // Labels the agent sets itself; external labels may not use them.
-constexpr absl::string_view kAgentLabelNames[] = {"service_name", "hostname",  "pid", "namespace",
-                                                  "pod",          "container", "node"};
+constexpr absl::string_view kAgentLabelNames[] = {
+    "service_name", "hostname", "pid", "namespace", "pod", "container", "container_id", "node"};
 // __name__, service_name, hostname.
 constexpr size_t kBaseLabels = 3;
+// namespace, pod, container or container_id, node.
 constexpr size_t kKubernetesLabels = 4;
 
 bool IsNameStart(char c) { return absl::ascii_isalpha(c) || c == '_'; }
@@ -415,7 +416,8 @@ absl::StatusOr<LabelList> SeriesLabeler::Labels(const proc::ProcessKey& process,
       const KubernetesInfo& k = *e.kubernetes;
       for (auto [name, value] :
            {std::pair("namespace", &k.namespace_name), std::pair("pod", &k.pod),
-            std::pair("container", &k.container), std::pair("node", &k.node)}) {
+            std::pair("container", &k.container), std::pair("container_id", &k.container_id),
+            std::pair("node", &k.node)}) {
         if (!value->empty()) labels.emplace_back(name, SanitizeLabelValue(*value));
       }
     }

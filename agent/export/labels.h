@@ -35,6 +35,10 @@ struct KubernetesInfo {
   std::string pod;
   std::string container;
   std::string node;
+  // The container id's first 12 hex digits (as `docker ps`/`crictl ps` show it), set only when
+  // `container` is not known: the API server is unreachable or has not described the pod yet.
+  // Series then carry `container_id` instead of `container`, so containers stay apart.
+  std::string container_id;
   // The pod's parascope.io/service-name annotation: overrides the derived service_name.
   std::string service_name;
   // False when the cgroup names a pod the API server has not described (yet), or a container its

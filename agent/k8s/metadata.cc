@@ -21,9 +21,13 @@ std::optional<KubernetesInfo> KubernetesMetadata::Lookup(absl::string_view cgrou
     not_in_pod_.fetch_add(1, std::memory_order_relaxed);
     return std::nullopt;
   }
+  // Until the container's name is known, its short id keeps containers apart (the degraded mode
+  // of an unreachable API server).
+  const std::string short_id = c.container_id.substr(0, kShortContainerIdLength);
   if (!pod.has_value()) {
     pod_unknown_.fetch_add(1, std::memory_order_relaxed);
     info.complete = false;
+    info.container_id = short_id;
     return info;
   }
   pod_.fetch_add(1, std::memory_order_relaxed);
@@ -33,6 +37,7 @@ std::optional<KubernetesInfo> KubernetesMetadata::Lookup(absl::string_view cgrou
   info.namespace_name = pod->namespace_name;
   info.pod = pod->name;
   info.container = container;
+  if (container.empty()) info.container_id = short_id;
   info.service_name = pod->service_name;
   if (!pod->node.empty()) info.node = pod->node;
   return info;

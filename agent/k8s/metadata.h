@@ -14,6 +14,9 @@
 
 namespace parascope::k8s {
 
+// Hex digits of a container id in the `container_id` label: docker's and crictl's short form.
+inline constexpr size_t kShortContainerIdLength = 12;
+
 struct TargetOptions {
   std::set<std::string> namespaces;  // --target-namespaces; empty = every namespace
   LabelSelector pod_selector;        // --target-pod-selector; empty = every pod
@@ -36,7 +39,8 @@ class KubernetesMetadata {
   // The metadata of the process whose /proc/<pid>/cgroup text is `cgroup`: nullopt when the
   // cgroup names no pod UID and no container a pod lists (host processes, containers of other
   // engines, ""); complete == false while the store does not know the pod (the labels are then
-  // only `node`) or the pod does not list the container. Counted in stats().
+  // `node` and `container_id`) or the pod does not list the container (then `container_id`
+  // instead of `container`). Counted in stats().
   std::optional<KubernetesInfo> Lookup(absl::string_view cgroup);
 
   // True when targeting is off, or the process's pod is known and in a target namespace and

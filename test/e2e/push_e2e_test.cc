@@ -685,6 +685,7 @@ TEST_CASE("kubernetes: pushed series carry namespace, pod, container, node, serv
     if (l.count("pod") == 0) continue;
     CHECK(l.at("pod") == "report-1");
     CHECK(l.count("container") == 0);
+    CHECK(l.at("container_id") == pods.report.container_id.substr(0, 12));  // its short id instead
     CHECK(l.at("service_name") == "nightly-report");  // the annotation, there from the start
     break;
   }
@@ -744,6 +745,25 @@ TEST_CASE("kubernetes: pushed series carry namespace, pod, container, node, serv
   REQUIRE(receiver.WaitFor([&](const auto&) { return pushed_for(a).size() >= before + 2; }, 60));
   CHECK(pushed_for(a).back() == want_a);
   CHECK(pushed_for(b).back() == want_b);
+  // A pod's container started while the API server is down: its series carry the container's
+  // short id (and the node), so containers stay apart until the pod is known.
+  testing::FakePod unseen = pods.checkout;
+  unseen.uid = "0a9b8c7d-6e5f-4a3b-9c2d-1e0f9a8b7c6d";
+  unseen.name = "unseen-1";
+  unseen.container_id = std::string(56, 'c') + absl::StrCat(absl::Hex(getpid(), absl::kZeroPad8));
+  PodContainer third(unseen, "guaranteed", "cri-containerd-", 20);
+  third.workload.Go();
+  const std::string c = std::to_string(third.workload.pid);
+  REQUIRE(receiver.WaitFor([&](const auto&) { return !pushed_for(c).empty(); }, 60));
+  std::map<std::string, std::string> got_c = pushed_for(c).back();
+  CHECK(got_c.at("container_id") == unseen.container_id.substr(0, 12));
+  CHECK(got_c.at("node") == "node-e2e");
+  CHECK(got_c.at("hostname") == "node-e2e");
+  CHECK(got_c.count("namespace") == 0);
+  CHECK(got_c.count("pod") == 0);
+  CHECK(got_c.count("container") == 0);
+  CHECK(MetricValue(agent.Get("/metrics"),
+                    "parascope_kubernetes_lookups_total{result=\"pod_unknown\"}") >= 1);
   CHECK(agent.Stop() == 0);
 }
 

@@ -324,6 +324,7 @@ TEST_CASE("k8s: metadata and targeting of a process from its cgroup") {
   CHECK(info->namespace_name == "shop");
   CHECK(info->pod == "checkout-7c9d5b8f6d-x2x8q");
   CHECK(info->container == "checkout");
+  CHECK(info->container_id == "");  // the name is known: no short id
   CHECK(info->node == "node-a");
   CHECK(info->service_name == "");
   info = m.Lookup(search);
@@ -334,6 +335,7 @@ TEST_CASE("k8s: metadata and targeting of a process from its cgroup") {
   REQUIRE(info.has_value());
   CHECK(!info->complete);
   CHECK(info->pod == "");
+  CHECK(info->container_id == "ffffffffffff");
   CHECK(info->node == "node-a");
   CHECK(info->generation == store.generation());
   CHECK(!m.Lookup(host).has_value());
@@ -348,6 +350,7 @@ TEST_CASE("k8s: metadata and targeting of a process from its cgroup") {
   CHECK(!info->complete);
   CHECK(info->pod == "checkout-7c9d5b8f6d-x2x8q");
   CHECK(info->container == "");
+  CHECK(info->container_id == "999999999999");
   k8s::MetadataStats st = m.stats();
   CHECK(st.pod == 3);
   CHECK(st.pod_unknown == 1);

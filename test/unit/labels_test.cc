@@ -224,6 +224,8 @@ TEST_CASE("ValidateExternalLabels") {
         "--external-label __name__: names starting with \"__\" are reserved");
   CHECK(ValidateExternalLabels({{"hostname", "x"}}).message() ==
         "--external-label hostname: the agent sets this label itself");
+  CHECK(ValidateExternalLabels({{"container_id", "x"}}).message() ==
+        "--external-label container_id: the agent sets this label itself");
   CHECK(ValidateExternalLabels({{"service_name", "x"}}).message() ==
         "--external-label service_name: the agent sets this label itself (use --service-name "
         "with --pid, or set OTEL_SERVICE_NAME)");
