@@ -919,7 +919,7 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
   if (config.symbolize_server) {
     symbolizer.SetServerSide(true);
   } else {
-    symbolizer.SetDwarf(&dwarf_cache, 250000000, debuginfod.get());
+    symbolizer.SetDwarf(&dwarf_cache, StackSymbolizer::kDwarfBurstNs, debuginfod.get());
   }
   ProfileOptions popts;
   popts.period_ns = (1000000000LL + config.sampling_frequency_hz / 2) /

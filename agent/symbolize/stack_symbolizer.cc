@@ -5,6 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/hash/hash.h"
@@ -63,11 +64,14 @@ uint64_t StackSymbolizer::KernelSignature() const {
   return absl::HashOf(modules.ok() ? *modules : std::string(), prog_ids);
 }
 
-void StackSymbolizer::SetDwarf(symbolize::DwarfCache* dwarf, int64_t budget_ns,
-                               const symbolize::Debuginfod* debuginfod) {
+void StackSymbolizer::SetDwarf(symbolize::DwarfCache* dwarf, int64_t burst_ns,
+                               const symbolize::Debuginfod* debuginfod, int64_t refill_ns_per_s) {
   dwarf_ = dwarf;
   debuginfod_ = debuginfod;
-  dwarf_budget_ns_ = budget_ns;
+  dwarf_burst_ns_ = burst_ns;
+  dwarf_refill_ns_per_s_ = refill_ns_per_s;
+  dwarf_tokens_ns_ = burst_ns;
+  dwarf_refilled_at_ns_ = MonotonicNowNs();
 }
 
 namespace {
@@ -174,7 +178,7 @@ symbolize::CachedSymbol StackSymbolizer::Lookup(const proc::ProcessKey& process,
   const symbolize::ElfSymbol* sym = elf.Lookup(vaddr);
   // DWARF lines and inlined frames, or symbols of a separate debug file / MiniDebugInfo.
   if (dwarf_ != nullptr) {
-    if (dwarf_spent_ns_ >= dwarf_budget_ns_) {
+    if (dwarf_tokens_ns_ <= 0) {
       // Named from the ELF symbol table for this window; DWARF is tried again in a later one.
       ++stats_.dwarf_deferred;
       *cacheable = false;
@@ -208,14 +212,14 @@ symbolize::CachedSymbol StackSymbolizer::Lookup(const proc::ProcessKey& process,
               lines->push_back({f.name, f.system_name, f.file, f.line});
             }
           }
-          dwarf_spent_ns_ += ThreadCpuNow() - t0;
+          dwarf_tokens_ns_ -= ThreadCpuNow() - t0;
           // Without DWARF, the names came from a debug file's or MiniDebugInfo's symbol table
           // (only asked for when the binary's own table has no symbol here).
           return {std::move(lines), has_dwarf ? symbolize::SymbolSource::kDwarf
                                                    : symbolize::SymbolSource::kDebugSymtab};
         }
       }
-      dwarf_spent_ns_ += ThreadCpuNow() - t0;
+      dwarf_tokens_ns_ -= ThreadCpuNow() - t0;
     }
   }
   if (sym == nullptr) return {no_lines_, symbolize::SymbolSource::kNone};
@@ -357,7 +361,15 @@ void StackSymbolizer::EndWindow() {
       }
     }
   }
-  dwarf_spent_ns_ = 0;
+  {
+    // The DWARF bucket's refill for the wall time since the last one (SetDwarf).
+    const int64_t now = MonotonicNowNs();
+    const double refill = static_cast<double>(now - dwarf_refilled_at_ns_) / 1e9 *
+                          static_cast<double>(dwarf_refill_ns_per_s_);
+    dwarf_tokens_ns_ = std::min<int64_t>(dwarf_burst_ns_,
+                                         dwarf_tokens_ns_ + static_cast<int64_t>(refill));
+    dwarf_refilled_at_ns_ = now;
+  }
   window_elfs_.clear();
   window_mappings_.clear();
   perf_maps_.EndWindow();

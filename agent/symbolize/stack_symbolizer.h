@@ -68,13 +68,21 @@ class StackSymbolizer {
   const symbolize::SymbolCache& symbol_cache() const { return symbols_; }
 
   // Source lines, inlined frames and separate debug files (borrowed; null: ELF symbols only).
-  // New addresses cost a walk of their compile unit's DIEs (tens of us to ms in big C++ units),
-  // so each window spends at most budget_ns of CPU on new DWARF lookups; past it, new addresses
-  // are named from the ELF symbol table for that window and cached ones still get their lines.
+  // New addresses cost a walk of their compile unit's DIEs (tens of us to ms in big C++ units)
+  // and, once a window, reopening the binary's debug sections (DwarfCache closes them between
+  // windows), so DWARF lookups draw CPU time from a token bucket: it starts full with burst_ns
+  // (the first windows name a new host's stacks fully) and refills refill_ns_per_s per second of
+  // wall time up to burst_ns, so a host whose processes keep showing new addresses (the agent's
+  // own stacks among them) costs at most refill_ns_per_s / 1e9 of a core in DWARF work. With the
+  // bucket empty, new addresses are named from the ELF symbol table for that window (counted in
+  // dwarf_deferred) and tried again in a later one; cached ones still get their lines.
   // debuginfod (borrowed, may be null): the fetcher the DwarfCache's files ask for debug files;
   // results of a binary whose debug file is still being fetched are not cached across windows.
-  void SetDwarf(symbolize::DwarfCache* dwarf, int64_t budget_ns = 250000000,
-                const symbolize::Debuginfod* debuginfod = nullptr);
+  static constexpr int64_t kDwarfBurstNs = 250000000;       // 250 ms
+  static constexpr int64_t kDwarfRefillNsPerS = 2000000;   // 2 ms/s: 0.2% of a core
+  void SetDwarf(symbolize::DwarfCache* dwarf, int64_t burst_ns = kDwarfBurstNs,
+                const symbolize::Debuginfod* debuginfod = nullptr,
+                int64_t refill_ns_per_s = kDwarfRefillNsPerS);
   // --symbolize=server: user frames of ELF files are left for the server (Pyroscope's
   // symbolizer, debuginfod): their Locations carry the ELF virtual address of the looked-up pc
   // (the pc for the leaf, the return address - 1 for callers, so `addr2line -e FILE ADDR` names
@@ -122,8 +130,10 @@ class StackSymbolizer {
   symbolize::SymbolCache symbols_;
   symbolize::DwarfCache* dwarf_ = nullptr;
   const symbolize::Debuginfod* debuginfod_ = nullptr;
-  int64_t dwarf_budget_ns_ = 0;
-  int64_t dwarf_spent_ns_ = 0;  // this window
+  int64_t dwarf_burst_ns_ = 0;
+  int64_t dwarf_refill_ns_per_s_ = 0;
+  int64_t dwarf_tokens_ns_ = 0;        // CPU ns DWARF lookups may still spend (may go below 0)
+  int64_t dwarf_refilled_at_ns_ = 0;   // CLOCK_MONOTONIC of the last refill
   bool server_side_ = false;
   RateLimitedLog elf_errors_log_;
   // The kernel Mapping for the current kallsyms_.
