@@ -181,15 +181,27 @@ perftools::profiles::Profile PprofBuilder::Build(int64_t time_nanos, int64_t dur
 absl::StatusOr<std::string> SerializeGzip(const perftools::profiles::Profile& profile) {
   std::string raw;
   if (!profile.SerializeToString(&raw)) return absl::InternalError("pprof: serialization failed");
+  return Gzip(raw);
+}
+
+absl::StatusOr<std::string> Gzip(absl::string_view raw) {
+  // deflate's window and hash table sized to the input (zlib.h, deflateInit2: windowBits 9..15,
+  // memLevel 1..9; memory (1 << (windowBits + 2)) + (1 << (memLevel + 9)) bytes). A window
+  // larger than the input finds no more matches, but the defaults (15, 8) cost a 256 KiB state
+  // whose 64 KiB hash table is cleared at every init: more CPU than compressing a 2 KiB profile
+  // (most are). +16: the gzip wrapper. Z_BEST_SPEED: profiles are small and highly repetitive;
+  // level 1 costs about half the CPU of the default for a few % more bytes.
+  int window_bits = 9;
+  while (window_bits < 15 && (size_t{1} << window_bits) < raw.size()) ++window_bits;
+  const int mem_level = std::clamp(window_bits - 6, 1, 8);
   z_stream zs{};
-  // windowBits 15 + 16: gzip wrapper (zlib.h, deflateInit2). Z_BEST_SPEED: profiles are small
-  // and highly repetitive; level 1 costs about half the CPU of the default for a few % more bytes.
-  if (deflateInit2(&zs, Z_BEST_SPEED, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
+  if (deflateInit2(&zs, Z_BEST_SPEED, Z_DEFLATED, window_bits + 16, mem_level,
+                   Z_DEFAULT_STRATEGY) != Z_OK) {
     return absl::InternalError("gzip: deflateInit2 failed");
   }
   std::string out;
   out.resize(deflateBound(&zs, raw.size()) + 32);
-  zs.next_in = reinterpret_cast<Bytef*>(raw.data());
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(raw.data()));
   zs.avail_in = raw.size();
   zs.next_out = reinterpret_cast<Bytef*>(out.data());
   zs.avail_out = out.size();

@@ -138,6 +138,8 @@ class PprofBuilder {
 
 // Serializes and gzips a profile (the pprof on-disk and on-wire form). Errors: Internal from zlib.
 absl::StatusOr<std::string> SerializeGzip(const perftools::profiles::Profile& profile);
+// gzip (RFC 1952) of `raw`, with deflate's state sized to it. Errors: Internal from zlib.
+absl::StatusOr<std::string> Gzip(absl::string_view raw);
 // Gunzips (if gzip magic present) and parses. Errors: InvalidArgument for corrupt input.
 absl::StatusOr<perftools::profiles::Profile> ParseMaybeGzip(absl::string_view data);
 

@@ -212,8 +212,17 @@ void ProfileSet::AppendFrames(PprofBuilder& b, const proc::ProcessKey& process,
     // A builder holds one process's profile: an address it has seen needs no new lookup.
     uint64_t loc = b.RememberedLocation(ips[i], kind);
     if (loc == 0) {
-      loc = LocationOf(b, kernel ? symbolizer_->KernelFrame(ips[i], leaf)
-                                 : symbolizer_->UserFrame(process, ips[i], leaf));
+      if (kernel) {
+        loc = LocationOf(b, symbolizer_->KernelFrame(ips[i], leaf));
+      } else {
+        auto key = std::make_tuple(process, ips[i], leaf);
+        auto it = frame_memo_.find(key);
+        if (it == frame_memo_.end()) {
+          if (frame_memo_.size() >= kMaxFrameMemo) frame_memo_.clear();
+          it = frame_memo_.emplace(key, symbolizer_->UserFrame(process, ips[i], leaf)).first;
+        }
+        loc = LocationOf(b, it->second);
+      }
       b.RememberLocation(ips[i], kind, loc);
     }
     out->push_back(loc);
@@ -390,6 +399,7 @@ std::vector<ProcessProfile> ProfileSet::Finish(int64_t t0_unix_ns, int64_t durat
     }
   }
   per_process_.clear();
+  frame_memo_.clear();
   return out;
 }
 

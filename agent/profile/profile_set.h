@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -177,6 +178,13 @@ class ProfileSet {
   proc::ProcessTable* processes_;
   ProfileStats stats_;
   absl::flat_hash_map<OwnerKey, PerProcess> per_process_;
+  // Symbolized user frames of the processes being built, by (process, address, leaf): an
+  // address symbolized for one profile type is not symbolized again for the others (an on-CPU
+  // stack goes to up to three). Cleared by Finish; at most kMaxFrameMemo entries. (Kernel frames
+  // have the symbolizer's own memo.)
+  static constexpr size_t kMaxFrameMemo = 1 << 16;
+  absl::flat_hash_map<std::tuple<proc::ProcessKey, uint64_t, bool>, symbolize::Frame>
+      frame_memo_;
   std::vector<uint64_t> scratch_;
   std::vector<LineRef> lines_scratch_;
 };
