@@ -9,13 +9,17 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <iostream>
+#include <map>
+#include <mutex>
 #include <memory>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "agent/bpf/libbpf_log.h"
@@ -673,6 +677,65 @@ std::vector<server::CallbackRegistration> RegisterDebuginfodMetrics(
   return regs;
 }
 
+// parascope_thread_cpu_seconds_total{thread}: the agent's CPU time by thread name (util/
+// thread_name.h; "main" for the collection thread, other names as the libraries set them, e.g.
+// gRPC's), from /proc/self/task/<tid>/stat utime + stime (fields 14 and 15, clock ticks;
+// proc(5)). Monotonic: each scrape adds each thread's growth since the previous one, so a thread
+// that exits keeps what was counted for it (its CPU after the last scrape is not).
+std::vector<server::CallbackRegistration> RegisterThreadMetrics(server::MetricsRegistry* registry) {
+  using server::CallbackSample;
+  struct State {
+    std::mutex mu;
+    absl::flat_hash_map<uint32_t, uint64_t> last_ticks;  // by tid (threads alive at the last scrape)
+    std::map<std::string, uint64_t> total_ticks;         // by name
+  };
+  auto state = std::make_shared<State>();
+  std::vector<server::CallbackRegistration> regs;
+  regs.push_back(registry->AddCallback(
+      server::MetricType::kCounter, "parascope_thread_cpu_seconds_total",
+      "CPU time (user + system) of the agent's threads, by thread name: main (collection, "
+      "symbolization, profile building, file export), ps-unwind-poll/-table/-claim (process "
+      "snapshots and unwind tables), ps-push, ps-http, ps-k8s-watch, ps-debuginfod, and "
+      "library threads under their own names.",
+      {"thread"}, [state] {
+        static const double kTicksPerSecond = static_cast<double>(sysconf(_SC_CLK_TCK));
+        const uint32_t pid = static_cast<uint32_t>(getpid());
+        std::lock_guard<std::mutex> l(state->mu);
+        absl::flat_hash_map<uint32_t, uint64_t> now;
+        std::error_code ec;
+        for (const auto& e : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+          uint32_t tid = 0;
+          if (!absl::SimpleAtoi(e.path().filename().string(), &tid)) continue;
+          absl::StatusOr<std::string> stat = proc::ReadFileToString(e.path().string() + "/stat");
+          if (!stat.ok()) continue;  // exited meanwhile
+          const size_t open = stat->find('('), close = stat->rfind(')');
+          if (open == std::string::npos || close == std::string::npos || close < open) continue;
+          std::vector<absl::string_view> f =
+              absl::StrSplit(absl::string_view(*stat).substr(close + 1), ' ', absl::SkipEmpty());
+          uint64_t utime = 0, stime = 0;
+          if (f.size() < 13 || !absl::SimpleAtoi(f[11], &utime) ||
+              !absl::SimpleAtoi(f[12], &stime)) {
+            continue;
+          }
+          const std::string name =
+              tid == pid ? std::string("main") : stat->substr(open + 1, close - open - 1);
+          const uint64_t ticks = utime + stime;
+          auto it = state->last_ticks.find(tid);
+          const uint64_t before = it == state->last_ticks.end() ? 0 : it->second;
+          state->total_ticks[name] += ticks > before ? ticks - before : 0;
+          now[tid] = ticks;
+        }
+        state->last_ticks = std::move(now);
+        std::vector<CallbackSample> out;
+        out.reserve(state->total_ticks.size());
+        for (const auto& [name, ticks] : state->total_ticks) {
+          out.push_back({{name}, static_cast<double>(ticks) / kTicksPerSecond});
+        }
+        return out;
+      }));
+  return regs;
+}
+
 sigset_t HandledSignals() {
   sigset_t set;
   sigemptyset(&set);
@@ -986,6 +1049,7 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
     k8s_metrics = RegisterKubernetesMetrics(&registry, pod_watcher.get(), pod_store.get(),
                                             k8s_metadata.get(), &untargeted);
   }
+  std::vector<server::CallbackRegistration> thread_metrics = RegisterThreadMetrics(&registry);
   std::vector<server::CallbackRegistration> debuginfod_metrics;
   if (debuginfod != nullptr) {
     debuginfod_metrics = RegisterDebuginfodMetrics(&registry, debuginfod.get());

@@ -31,6 +31,7 @@
 #include "agent/util/log.h"
 #include "agent/util/status.h"
 #include "proto/push.grpc.pb.h"
+#include "agent/util/thread_name.h"
 
 namespace parascope {
 namespace {
@@ -277,7 +278,10 @@ class ConnectTransport : public PushTransport {
     // Header names compare case-insensitively (httplib::Headers); a --remote-header User-Agent
     // replaces ours, as it did with libcurl.
     if (headers_.find("User-Agent") == headers_.end()) headers_.emplace("User-Agent", kUserAgent);
-    watchdog_ = std::thread([this] { Watch(); });
+    watchdog_ = std::thread([this] {
+      NameThisThread("ps-push-watch");
+      Watch();
+    });
   }
 
   ~ConnectTransport() override {

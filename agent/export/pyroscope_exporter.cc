@@ -6,6 +6,7 @@
 #include "agent/export/server_limits.h"
 #include "agent/profile/pprof_builder.h"
 #include "agent/util/status.h"
+#include "agent/util/thread_name.h"
 
 namespace parascope {
 namespace {
@@ -177,6 +178,7 @@ bool PyroscopeExporter::ReadyLocked() const {
 }
 
 void PyroscopeExporter::SenderLoop() {
+  NameThisThread("ps-push");
   int attempt = 0;  // consecutive retryable failures
   absl::MutexLock l(&mu_);
   for (;;) {

@@ -13,6 +13,7 @@
 #include "absl/strings/strip.h"
 #include "agent/proc/read_file.h"
 #include "agent/util/log.h"
+#include "agent/util/thread_name.h"
 
 namespace parascope::k8s {
 namespace {
@@ -85,6 +86,7 @@ absl::Status PodWatcher::Start() {
     return absl::InvalidArgumentError(absl::StrCat("\"", url, "\": bad port"));
   }
   thread_ = std::thread([this] {
+    NameThisThread("ps-k8s-watch");
     Run();
     absl::MutexLock lock(&mu_);
     finished_ = true;

@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "agent/util/log.h"
+#include "agent/util/thread_name.h"
 
 namespace parascope::server {
 namespace {
@@ -164,6 +165,7 @@ absl::Status HttpServer::Start() {
   httplib::Server* raw = server.get();
   server_ = std::move(server);
   thread_ = std::thread([this, raw] {
+    NameThisThread("ps-http");
     if (!raw->listen_after_bind()) {
       Log(LogLevel::kError, "--http-address %s: HTTP server stopped unexpectedly",
           options_.address);

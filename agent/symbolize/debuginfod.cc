@@ -17,6 +17,7 @@
 #include "agent/collect/window_clock.h"
 #include "agent/util/log.h"
 #include "agent/util/status.h"
+#include "agent/util/thread_name.h"
 
 namespace parascope::symbolize {
 namespace {
@@ -191,7 +192,10 @@ absl::StatusOr<std::unique_ptr<Debuginfod>> Debuginfod::Create(DebuginfodOptions
   }
   debuginfod_set_user_data(self->client_, self.get());
   debuginfod_set_progressfn(self->client_, &Debuginfod::Progress);
-  self->thread_ = std::thread([s = self.get()] { s->Run(); });
+  self->thread_ = std::thread([s = self.get()] {
+    NameThisThread("ps-debuginfod");
+    s->Run();
+  });
   return self;
 }
 

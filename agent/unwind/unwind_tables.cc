@@ -24,6 +24,7 @@
 #include "agent/proc/stat.h"
 #include "agent/util/log.h"
 #include "agent/util/status.h"
+#include "agent/util/thread_name.h"
 
 namespace parascope::unwind {
 
@@ -550,9 +551,18 @@ void UnwindService::Start(const std::vector<uint32_t>& tgids, bool preload) {
       for (uint32_t t : tgids) (void)tables_.LoadProcess(t);
     }
   }
-  table_thread_ = std::thread([this] { TableLoop(); });
-  claim_thread_ = std::thread([this] { ClaimLoop(); });
-  thread_ = std::thread([this] { PollLoop(); });
+  table_thread_ = std::thread([this] {
+    NameThisThread("ps-unwind-table");
+    TableLoop();
+  });
+  claim_thread_ = std::thread([this] {
+    NameThisThread("ps-unwind-claim");
+    ClaimLoop();
+  });
+  thread_ = std::thread([this] {
+    NameThisThread("ps-unwind-poll");
+    PollLoop();
+  });
 }
 
 void UnwindService::Stop() {

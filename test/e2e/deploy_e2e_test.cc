@@ -699,4 +699,62 @@ TEST_CASE("retention: --output-max-bytes keeps --output-dir under its bound duri
   for (auto it = std::next(all.begin()); it != all.end(); ++it) CHECK(*it - *std::prev(it) < 1500);
 }
 
+// parascope_thread_cpu_seconds_total{thread}: the agent's threads by name, their sum the agent's
+// own utime + stime (proc(5)) at the same moment, growing while it works.
+TEST_CASE("metrics: the agent's CPU by thread adds up to its process CPU", "[root][e2e]") {
+  if (!RequireRoot()) return;
+  TempDir out;
+  Spinner work;
+  Child agent({PS_AGENT_BIN, "--collect-interval=1s", "--sampling-frequency=99",
+               "--http-address=127.0.0.1:0", "--output-dir=" + out.path()});
+  const int port = AttachedPort(&agent);
+  INFO("agent stderr:\n" << agent.stderr_text());
+  REQUIRE(port > 0);
+  auto metrics = [&] {
+    std::string text;
+    RunCommand(absl::StrCat("curl -sS -m 10 http://127.0.0.1:", port, "/metrics"), &text);
+    return text;
+  };
+  auto process_cpu_s = [&] {
+    std::string stat;
+    std::ifstream f(absl::StrCat("/proc/", agent.pid(), "/stat"));
+    std::getline(f, stat);
+    std::vector<std::string> fields = absl::StrSplit(stat.substr(stat.rfind(')') + 2), ' ');
+    return (std::stod(fields[11]) + std::stod(fields[12])) / sysconf(_SC_CLK_TCK);
+  };
+  REQUIRE(WaitUntil([&] { return MetricValue(metrics(), "parascope_windows_total") >= 2; }, 60));
+  // Each thread's reading in the scrape lies between the process's two readings around it.
+  const double process_before = process_cpu_s();
+  const std::string text = metrics();
+  const double process_after = process_cpu_s();
+  double sum = 0;
+  std::set<std::string> names;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    constexpr absl::string_view kPrefix = "parascope_thread_cpu_seconds_total{thread=\"";
+    if (!absl::StartsWith(line, kPrefix)) continue;
+    line.remove_prefix(kPrefix.size());
+    const size_t end = line.find('"');
+    REQUIRE(end != absl::string_view::npos);
+    names.insert(std::string(line.substr(0, end)));
+    double v = 0;
+    REQUIRE(absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v));
+    sum += v;
+  }
+  INFO(text);
+  for (const char* name : {"main", "ps-unwind-poll", "ps-unwind-table", "ps-unwind-claim",
+                           "ps-http"}) {
+    CHECK(names.count(name) == 1);
+  }
+  CHECK(MetricValue(text, "parascope_thread_cpu_seconds_total{thread=\"main\"}") > 0);
+  // Threads that exited before the first scrape (start-up helpers) are missing: 10% at most.
+  const double tick = 1.0 / sysconf(_SC_CLK_TCK);
+  INFO("threads " << sum << " s, process " << process_before << ".." << process_after << " s");
+  CHECK(sum <= process_after + tick);
+  CHECK(sum >= 0.9 * process_before - tick);
+  REQUIRE(kill(agent.pid(), SIGTERM) == 0);
+  int status = agent.Wait(30);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
 }  // namespace parascope::testing
