@@ -583,8 +583,7 @@ TEST_CASE("signals: SIGHUP loses no window, SIGUSR1 and SIGQUIT flush and stop",
     INFO("agent stderr:\n" << agent.stderr_text());
     REQUIRE(port > 0);
     auto samples = [&] {
-      std::string text;
-      RunCommand(absl::StrCat("curl -sS -m 10 http://127.0.0.1:", port, "/metrics"), &text);
+      const std::string text = Scrape(port);
       // Read from the BPF counters at scrape time: it advances within a window.
       return MetricValue(text, "parascope_bpf_samples_taken_total");
     };
@@ -638,11 +637,7 @@ TEST_CASE("retention: --output-max-bytes keeps --output-dir under its bound duri
   const int port = AttachedPort(&agent);
   INFO("agent stderr:\n" << agent.stderr_text());
   REQUIRE(port > 0);
-  auto metrics = [&] {
-    std::string text;
-    RunCommand(absl::StrCat("curl -sS -m 10 http://127.0.0.1:", port, "/metrics"), &text);
-    return text;
-  };
+  auto metrics = [&] { return Scrape(port); };
   auto disk_bytes = [&] {
     int64_t bytes = 0;
     std::error_code ec;
@@ -710,11 +705,7 @@ TEST_CASE("metrics: the agent's CPU by thread adds up to its process CPU", "[roo
   const int port = AttachedPort(&agent);
   INFO("agent stderr:\n" << agent.stderr_text());
   REQUIRE(port > 0);
-  auto metrics = [&] {
-    std::string text;
-    RunCommand(absl::StrCat("curl -sS -m 10 http://127.0.0.1:", port, "/metrics"), &text);
-    return text;
-  };
+  auto metrics = [&] { return Scrape(port); };
   auto process_cpu_s = [&] {
     std::string stat;
     std::ifstream f(absl::StrCat("/proc/", agent.pid(), "/stat"));

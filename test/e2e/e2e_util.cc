@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
@@ -523,6 +524,12 @@ TempDir::TempDir() {
 TempDir::~TempDir() {
   std::error_code ec;
   std::filesystem::remove_all(path_, ec);
+}
+
+std::string Scrape(int port) {
+  std::string text;
+  RunCommand(absl::StrCat("curl -sS -m 10 http://127.0.0.1:", port, "/metrics"), &text);
+  return text;
 }
 
 double MetricValue(const std::string& text, const std::string& series) {

@@ -117,6 +117,8 @@ std::map<std::string, std::string> KeyValues(const std::string& line);
 // with its labels exactly as exposed, e.g. `parascope_queue_bytes` or
 // `parascope_queue_dropped_total{reason="queue_full"}`; -1 if absent.
 double MetricValue(const std::string& text, const std::string& series);
+// The agent's /metrics text from 127.0.0.1:`port` (curl, 10 s timeout); "" when unreachable.
+std::string Scrape(int port);
 
 // Files under dir matching "<dir>/<pid>/<start ticks>.<exec id>/<prefix>*.pb.gz" (pid 0 = any).
 std::vector<std::string> ProfileFiles(const std::string& dir, int pid, const std::string& prefix);

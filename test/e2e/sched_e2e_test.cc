@@ -1054,12 +1054,6 @@ int MetricsPort(Child* agent) {
   return port;
 }
 
-std::string Scrape(int port) {
-  std::string text;
-  RunCommand(absl::StrCat("curl -sS -m 10 http://127.0.0.1:", port, "/metrics"), &text);
-  return text;
-}
-
 }  // namespace
 
 // Issue 13, acceptance 4, per process and per cgroup: the daemon's counts of 10,000 exited
