@@ -255,6 +255,15 @@ class AgentMetrics {
               {{"bad_frame"}, static_cast<double>(c[PS_CTR_UNWIND_BAD_FRAME])}};
         }));
     regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_unwind_memo_hits_total",
+        "Switch-outs whose user stack was the thread's previous walk, reused because its "
+        "starting registers and every stack word it read were unchanged (bpf/abi.h "
+        "ps_user_memo); not counted in parascope_unwind_stacks_total.",
+        {}, [this] {
+          return std::vector<CallbackSample>{
+              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_UNWIND_MEMO_HITS])}};
+        }));
+    regs_.push_back(registry->AddCallback(
         MetricType::kCounter, "parascope_unwind_frame_pointer_frames_total",
         "Frames the unwinder found by the frame-pointer fallback (no table for their pc).", {},
         [this] {

@@ -159,6 +159,27 @@ struct ps_progress {
 };
 PS_STATIC_ASSERT(sizeof(struct ps_progress) == 16, "ps_progress layout");
 
+/* A thread's last complete user stack walk at switch-out, reused instead of walking again
+ * (bpf/unwind.bpf.h ps_user_memo_hit). The walk is a function of the registers it started from
+ * (pc, sp, and fp where a rule used it), the stack words it read, and the tables; so while the
+ * registers and every word it read are unchanged, in the same process image and window, a new
+ * walk would give the same frames. A thread that blocks again and again at one call site (a
+ * worker's condition wait, an event loop's epoll_wait, a sleep in a loop) then costs its
+ * re-reads of those words (one bpf_probe_read_user each) instead of a walk's table searches.
+ * Only walks that reached the outermost frame, reading at most PS_MEMO_READS words, all within
+ * 64 KiB above sp, are kept. */
+#define PS_MEMO_READS 16
+struct ps_user_memo {
+  __u64 pc, sp, fp;   /* the registers the walk started from */
+  __u64 hash;         /* of the words it read, with their offsets from sp, in read order */
+  __u64 stack;        /* the walk's ps_sched_stacks<N> key */
+  __u64 ws_ns;        /* window start when stored: the stack is in that window's map */
+  __u32 n;            /* words read; 0: no memo */
+  __u32 fp_used;      /* a rule used the starting fp (it must match too) */
+  __u16 off[PS_MEMO_READS]; /* byte offsets from sp of the words read */
+};
+PS_STATIC_ASSERT(sizeof(struct ps_user_memo) == 88, "ps_user_memo layout");
+
 /* Per-thread switch-out state (ps_threads hash, key = tid). An off-CPU interval is accounted by
  * BPF at switch-in from max(out_ns, window start); the part before the window start is left to
  * the daemon: for an interval still running at a boundary it reads out_ns, and for one that ended
@@ -189,8 +210,9 @@ struct ps_thread_state {
   __u32 sample_weight;      /* w from the last period (0 or 1: capture every switch-out) */
   __u32 stack_weight;       /* this switch-out: w if its stacks were captured, 0 if not */
   __u32 exec_id;            /* ps_exec_id() at switch-out (ps_oncpu_key.exec_id) */
+  struct ps_user_memo memo; /* the last complete user walk at switch-out (BPF's only) */
 };
-PS_STATIC_ASSERT(sizeof(struct ps_thread_state) == 136, "ps_thread_state layout");
+PS_STATIC_ASSERT(sizeof(struct ps_thread_state) == 224, "ps_thread_state layout");
 
 /* Key of the off-CPU aggregate (ps_offcpu<N>): time a thread spent off-CPU with one stack and
  * state. Stack fields as in ps_oncpu_key, keying ps_sched_stacks<N>. */
@@ -296,7 +318,9 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_CTR_TREE_JOINED 31          /* processes that joined a tree at fork (command mode) */
 #define PS_CTR_TREE_LEFT 32            /* tree members whose last thread exited */
 #define PS_CTR_TREE_FULL 33            /* forks not followed: ps_pid_filter was full */
-#define PS_CTR_NUM 34
+#define PS_CTR_UNWIND_MEMO_HITS 34    /* switch-outs whose user stack was the thread's last walk
+                                        (ps_user_memo), not walked again */
+#define PS_CTR_NUM 35
 
 /* Default capacities; the daemon sizes ps_stacks<N> and ps_oncpu<N> before load from the CPU count,
  * frequency and window, ps_sched_stacks<N> by whether off-CPU stacks are taken, and ps_threads

@@ -34,9 +34,9 @@ const volatile __u32 ps_cfg_stack_rate = 0;    /* --off-cpu-stack-rate (0: every
  * where a BPF_F_NO_PREALLOC hash would kmalloc(GFP_ATOMIC) its element (kernel/bpf/hashtab.c
  * alloc_htab_elem), which is unsafe in that context until Linux 6.1's BPF memory allocator
  * ("bpf: Convert hash map to bpf_mem_alloc"): the allocator may wake kswapd, and a wake-up takes
- * a run-queue lock. Cost, all at load: 192 bytes per entry (48-byte struct htab_elem + 8-byte
- * key + 136-byte value, plus one spare element per possible CPU) and 16 bytes of bucket, i.e.
- * 13 MiB at PS_THREAD_MAP_ENTRIES; the daemon sizes it from the threads alive at start
+ * a run-queue lock. Cost, all at load: 280 bytes per entry (48-byte struct htab_elem + 8-byte
+ * key + 224-byte value, plus one spare element per possible CPU) and 16 bytes of bucket, i.e.
+ * 19 MiB at PS_THREAD_MAP_ENTRIES; the daemon sizes it from the threads alive at start
  * (agent/bpf/programs.cc LoadSched). */
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
@@ -249,12 +249,25 @@ static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, _
   else
     state = PS_STATE_SLEEPING; /* interruptible, TASK_IDLE, stopped, traced */
   ts->stack_weight = ps_stack_sample(ts, now);
+  __u64 tgid_start_ns = BPF_CORE_READ(prev, group_leader, start_boottime);
+  __u32 exec_id = ps_exec_id(prev);
   if (ts->stack_weight) {
     void *stacks = buf == 0 ? (void *)&ps_sched_stacks0 : (void *)&ps_sched_stacks1;
-    __u64 tgid_start_ns = BPF_CORE_READ(prev, group_leader, start_boottime);
     ts->kernel_stack = ps_capture_kernel_stack(ctx, &ps_sched_scratch, stacks, &ts->kernel_stack_err);
-    ts->user_stack = ps_capture_user_stack(0, stacks, tgid, tgid_start_ns, ps_exec_id(prev),
-                                           &ts->user_stack_err, /*use_vma=*/0);
+    /* The user stack: the thread's last walk if it still holds (abi.h ps_user_memo), else a
+     * walk, which becomes the memo. ts's identity fields are still the last switch-out's. */
+    __u64 memo = 0;
+    if (ts->tgid == tgid && ts->tgid_start_ns == tgid_start_ns && ts->exec_id == exec_id)
+      memo = ps_user_memo_hit(&ts->memo, ws);
+    if (memo) {
+      ts->user_stack = memo;
+      ts->user_stack_err = 0;
+      ps_count(PS_CTR_UNWIND_MEMO_HITS);
+    } else {
+      ts->user_stack = ps_capture_user_stack(0, stacks, tgid, tgid_start_ns, exec_id,
+                                             &ts->user_stack_err, /*use_vma=*/0);
+      ps_user_memo_store(&ts->memo, ts->user_stack, ws);
+    }
   } else {
     ts->kernel_stack = 0;
     ts->user_stack = 0;
@@ -262,8 +275,8 @@ static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, _
     ts->user_stack_err = PS_ERR_NOT_CAPTURED;
   }
   ts->tgid = tgid;
-  ts->tgid_start_ns = BPF_CORE_READ(prev, group_leader, start_boottime);
-  ts->exec_id = ps_exec_id(prev);
+  ts->tgid_start_ns = tgid_start_ns;
+  ts->exec_id = exec_id;
   ts->state = state;
   bpf_get_current_comm(ts->comm, sizeof(ts->comm));
   ps_barrier();

@@ -246,6 +246,14 @@ static __always_inline int ps_read_user_u64(__u64 addr, __u64 *out) {
   return bpf_probe_read_user(out, sizeof(*out), (const void *)addr);
 }
 
+/* One step of the ps_user_memo hash: the word `v` read at offset `off` from the starting sp. */
+static __always_inline __u64 ps_memo_mix(__u64 h, __u32 off, __u64 v) {
+  h ^= v;
+  h *= 0x100000001b3ULL;
+  h ^= (__u64)off << 32 | (h >> 29);
+  return h;
+}
+
 /* ---- a pc's table through its vma (Linux 5.17+: bpf_find_vma) ---- */
 
 #define PS_VM_EXEC 0x00000004UL /* include/linux/mm.h */
@@ -381,6 +389,15 @@ struct ps_unwind_state {
   __u32 vma_tried;
   struct ps_vma_lookup vma;
   struct ps_unwind_proc proc;
+  /* What the walk depended on, for ps_user_memo (abi.h): the words it read (offsets from the
+   * starting sp, hashed with their values) while they fit; memo_ok 0 once one did not. */
+  __u64 sp0, fp0; /* the registers the walk started from (pc: st.ips[0]) */
+  __u64 memo_hash;
+  __u32 memo_ok;
+  __u32 memo_n;
+  __u32 fp_live;  /* fp is still the starting register, not one restored from the stack */
+  __u32 fp_used;  /* a rule used the starting fp */
+  __u16 memo_off[PS_MEMO_READS];
   struct ps_stack st;
   __u64 guard; /* st.ips[PS_MAX_STACK_DEPTH]: lets the index be masked for the verifier */
 };
@@ -391,6 +408,23 @@ struct {
   __type(key, __u32);
   __type(value, struct ps_unwind_state);
 } ps_unwind_state_map SEC(".maps");
+
+/* Reads the user word at `addr` for the walk, noting it for ps_user_memo. Returns 0 or -errno. */
+static __always_inline int ps_walk_read(struct ps_unwind_state *w, __u64 addr, __u64 *out) {
+  int rc = ps_read_user_u64(addr, out);
+  if (rc || !w->memo_ok)
+    return rc;
+  __u64 off = addr - w->sp0;
+  __u32 n = w->memo_n;
+  if (addr < w->sp0 || off > 0xffff || n >= PS_MEMO_READS) {
+    w->memo_ok = 0;
+    return 0;
+  }
+  w->memo_off[n & (PS_MEMO_READS - 1)] = (__u16)off;
+  w->memo_n = n + 1;
+  w->memo_hash = ps_memo_mix(w->memo_hash, (__u32)off, *out);
+  return 0;
+}
 
 /* Unwinds frame `i` of the walk in ps_unwind_state_map: records its pc and steps to its
  * caller. Returns 1 to go on, 0 when the walk ended (outcome set). use_vma: a pc in no mapping
@@ -476,6 +510,8 @@ static __always_inline int ps_unwind_frame_body(__u32 i, const int use_vma) {
   }
 
   __u64 cfa, ra, next_fp = fp;
+  /* ps_user_memo: whether this frame used fp, and whether fp is still the starting register. */
+  int uses_fp = 0, fp_restored = 0;
   if (row && row->cfa_rule != PS_CFA_NONE) {
     __u8 rule = row->cfa_rule;
     if (rule == PS_CFA_END) {
@@ -485,12 +521,14 @@ static __always_inline int ps_unwind_frame_body(__u32 i, const int use_vma) {
     if (rule == PS_CFA_SP) {
       cfa = sp + row->cfa_offset;
     } else if (rule == PS_CFA_FP) {
+      uses_fp = 1;
       cfa = fp + row->cfa_offset;
     } else if (rule == PS_CFA_PLT) {
       cfa = sp + row->cfa_offset + ((pc & 15) >= (row->flags >> PS_ROW_PLT_SHIFT) ? 8 : 0);
     } else if (rule == PS_CFA_DEREF_SP || rule == PS_CFA_DEREF_FP) {
+      uses_fp = rule == PS_CFA_DEREF_FP;
       __u64 base = rule == PS_CFA_DEREF_SP ? sp : fp;
-      if (ps_read_user_u64(base + row->cfa_offset, &cfa)) {
+      if (ps_walk_read(w, base + row->cfa_offset, &cfa)) {
         w->outcome = PS_UNWIND_READ_FAULT;
         return 0;
       }
@@ -499,20 +537,23 @@ static __always_inline int ps_unwind_frame_body(__u32 i, const int use_vma) {
       return 0;
     }
     __u64 ra_addr = row->ra_rule == PS_RA_AT_SP ? sp + row->ra_offset : cfa + row->ra_offset;
-    if (ps_read_user_u64(ra_addr, &ra)) {
+    if (ps_walk_read(w, ra_addr, &ra)) {
       w->outcome = PS_UNWIND_READ_FAULT;
       return 0;
     }
     __u8 fp_rule = row->fp_rule;
     if (fp_rule == PS_FP_AT_CFA || fp_rule == PS_FP_AT_SP || fp_rule == PS_FP_AT_FP) {
+      uses_fp |= fp_rule == PS_FP_AT_FP;
       __u64 fp_base = fp_rule == PS_FP_AT_SP ? sp : fp_rule == PS_FP_AT_FP ? fp : cfa;
       __u64 fp_addr = fp_base + row->fp_offset;
-      if (ps_read_user_u64(fp_addr, &next_fp)) {
+      if (ps_walk_read(w, fp_addr, &next_fp)) {
         w->outcome = PS_UNWIND_READ_FAULT;
         return 0;
       }
+      fp_restored = 1;
     } else if (fp_rule == PS_FP_UNDEFINED) {
       next_fp = 0;
+      fp_restored = 1;
     }
     if (ra != 0 && ra < PS_USER_ADDR_MIN) {
       w->outcome = PS_UNWIND_BAD_FRAME;
@@ -529,11 +570,15 @@ static __always_inline int ps_unwind_frame_body(__u32 i, const int use_vma) {
     /* Frame-pointer step: push %rbp; mov %rsp,%rbp (System V psABI 3.4.1, optional). FP 0 ends
      * a frame-pointer chain (_start clears it), but code without frame pointers leaves anything
      * there: a walk that ends here ended without a table, whatever it found. */
+    uses_fp = 1;
+    fp_restored = 1;
+    if (w->fp_live)
+      w->fp_used = 1;
     if (fp == 0 || fp < sp || (fp & 7)) {
       w->outcome = no_table;
       return 0;
     }
-    if (ps_read_user_u64(fp + 8, &ra) || ps_read_user_u64(fp, &next_fp)) {
+    if (ps_walk_read(w, fp + 8, &ra) || ps_walk_read(w, fp, &next_fp)) {
       w->outcome = no_table;
       return 0;
     }
@@ -548,6 +593,10 @@ static __always_inline int ps_unwind_frame_body(__u32 i, const int use_vma) {
     w->exact = 0;
     ps_count(PS_CTR_UNWIND_FP_FRAMES);
   }
+  if (uses_fp && w->fp_live)
+    w->fp_used = 1;
+  if (fp_restored)
+    w->fp_live = 0;
   w->pc = ra;
   w->sp = cfa;
   w->fp = next_fp;
@@ -593,6 +642,13 @@ static __always_inline struct ps_stack *ps_unwind_user(struct pt_regs *ctx_regs,
   w->has_proc = 0;
   w->vma_tried = 0;
   w->vma.found = 0;
+  w->sp0 = r.sp;
+  w->fp0 = r.fp;
+  w->memo_hash = 0;
+  w->memo_ok = 1;
+  w->memo_n = 0;
+  w->fp_live = 1;
+  w->fp_used = 0;
   struct ps_unwind_proc *proc = bpf_map_lookup_elem(&ps_unwind_procs, &tgid);
   if (proc && proc->tgid_start_ticks == tgid_start_ns / PS_NS_PER_TICK &&
       (proc->exec_id == exec_id || proc->exec_id == PS_EXEC_ID_UNKNOWN)) {
@@ -644,6 +700,53 @@ static __always_inline __u64 ps_capture_user_stack(struct pt_regs *ctx_regs, voi
   if (n > 0)
     ps_count_unwind(st->flags);
   return ps_store_stack(stacks, st, n, BPF_F_USER_STACK, err);
+}
+
+/* The current task's user stack key from its memo `m` (abi.h ps_user_memo) when a walk now
+ * would repeat it: same window (ws), same starting registers, and every stack word the walk
+ * read unchanged (re-read here, one bpf_probe_read_user each). 0 when not; the caller has
+ * checked that the task runs the image the memo was made in. */
+static __always_inline __u64 ps_user_memo_hit(const struct ps_user_memo *m, __u64 ws) {
+  __u32 n = m->n;
+  if (n == 0 || m->ws_ns != ws)
+    return 0;
+  struct ps_unwind_regs r = {};
+  if (!ps_user_regs(0, &r))
+    return 0;
+  if (r.pc != m->pc || r.sp != m->sp || (m->fp_used && r.fp != m->fp))
+    return 0;
+  __u64 h = 0;
+  for (__u32 i = 0; i < PS_MEMO_READS; i++) {
+    if (i >= n)
+      break;
+    __u32 off = m->off[i];
+    __u64 v;
+    if (ps_read_user_u64(r.sp + off, &v))
+      return 0;
+    h = ps_memo_mix(h, off, v);
+  }
+  return h == m->hash ? m->stack : 0;
+}
+
+/* Makes the walk just done on this CPU (its stored key `stack`, 0 if none) the memo `m` of the
+ * current task for window ws, if it can be one (reached the outermost frame, read at most
+ * PS_MEMO_READS words, all within 64 KiB above sp); else clears `m`. */
+static __always_inline void ps_user_memo_store(struct ps_user_memo *m, __u64 stack, __u64 ws) {
+  __u32 zero = 0;
+  m->n = 0;
+  struct ps_unwind_state *w = bpf_map_lookup_elem(&ps_unwind_state_map, &zero);
+  if (!w || stack == 0 || w->outcome != PS_UNWIND_COMPLETE || !w->memo_ok || w->memo_n == 0 ||
+      w->memo_n > PS_MEMO_READS || w->st.len == 0)
+    return;
+  m->pc = w->st.ips[0];
+  m->sp = w->sp0;
+  m->fp = w->fp0;
+  m->hash = w->memo_hash;
+  m->stack = stack;
+  m->ws_ns = ws;
+  m->fp_used = w->fp_used;
+  __builtin_memcpy(m->off, w->memo_off, sizeof(m->off));
+  m->n = w->memo_n;
 }
 
 #endif /* PARASCOPE_BPF_UNWIND_BPF_H_ */

@@ -231,9 +231,9 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
       return LibbpfError(rc, absl::StrCat("sharing map ", bpf_map__name(s.mine)));
     }
   }
-  // ps_threads is preallocated (bpf/sched.bpf.c: ~208 bytes per entry, 13 MiB at
+  // ps_threads is preallocated (bpf/sched.bpf.c: ~296 bytes per entry, 19 MiB at
   // PS_THREAD_MAP_ENTRIES): twice the threads alive now, so the host can grow before the map is
-  // full (then switch-outs are counted, PS_CTR_THREAD_MAP_FULL, and lost), at least 8192 (1.6
+  // full (then switch-outs are counted, PS_CTR_THREAD_MAP_FULL, and lost), at least 8192 (2.4
   // MiB). Without off-CPU tracking nothing is stored in it: one entry.
   const uint64_t threads = HostThreads();
   const uint32_t thread_entries =

@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -63,9 +64,11 @@ struct Session {
   }
 };
 
+// With `metrics`, the agent serves /metrics on a free port, scraped into *metrics once the
+// workload's phase is done (the agent still runs).
 void RunSession(Session* s, const std::vector<std::string>& workload,
                 const std::vector<std::string>& agent_args, const std::string& out_dir,
-                int phase_timeout_s = 30) {
+                int phase_timeout_s = 30, std::string* metrics = nullptr) {
   s->work = std::make_unique<Child>(workload);
   std::string line;
   INFO("workload: " << absl::StrJoin(workload, " "));
@@ -76,17 +79,27 @@ void RunSession(Session* s, const std::vector<std::string>& workload,
   std::vector<std::string> argv = {PS_AGENT_BIN, absl::StrCat("--pid=", s->pid),
                                    "--output-dir=" + out_dir};
   argv.insert(argv.end(), agent_args.begin(), agent_args.end());
+  if (metrics != nullptr) argv.push_back("--http-address=127.0.0.1:0");
   Child agent(argv);
   INFO("agent: " << absl::StrJoin(argv, " "));
   bool attached = agent.WaitForStderr("attached:", &line);
   INFO("agent stderr so far:\n" << agent.stderr_text());
   REQUIRE(attached);
+  int port = 0;
+  if (metrics != nullptr) {
+    // The port the kernel chose, from the log line that announces it (nothing else says it).
+    std::smatch m;
+    const std::string text = agent.stderr_text();
+    REQUIRE(std::regex_search(text, m, std::regex("serving /metrics.*\\(port ([0-9]+)\\)")));
+    port = std::stoi(m[1]);
+  }
   s->work->WriteStdin("go\n");
   bool done = s->work->ReadStdoutLine(&line, phase_timeout_s);
   INFO("workload stdout: " << s->work->stdout_text());
   REQUIRE(done);
   REQUIRE(absl::StartsWith(line, "done "));
   s->done = KeyValues(line);
+  if (metrics != nullptr) *metrics = Scrape(port);
   // The ground truth is only comparable if the whole measured phase lay inside the agent's run.
   bool agent_ran_through_phase = agent.Running();
   int status = agent.Wait(120);
@@ -552,6 +565,58 @@ TEST_CASE("unwind e2e: off-CPU splits 0.80/0.20 between callers of poll and pthr
   CHECK(Ratio(wall.cond, wall.poll + wall.cond) == Approx(0.20).margin(0.03));
   CHECK(wall.shape.good == wall.shape.of);
   CHECK(Ratio(wall.poll + wall.cond, truth_poll + truth_cond) == Approx(1.0).margin(0.05));
+  s.Finish();
+}
+
+// Issue 14: a thread's switch-outs reuse its last walk (bpf/abi.h ps_user_memo) only while a new
+// walk would give the same stack. offcpu_memo blocks from one pc and sp through two callers,
+// three times through via_a for each time through via_b: only stack words tell them apart.
+TEST_CASE("unwind e2e: off-CPU stacks reused from the thread's last walk keep callers apart",
+          "[root][e2e]") {
+  if (!RequireRoot()) return;
+  TempDir out;
+  Session s;
+  std::string metrics;
+  RunSession(&s, {Workload("offcpu_memo"), "5"}, {"--profiles=off_cpu", "--duration=8s"},
+             out.path(), 30, &metrics);
+  const std::string tid = std::to_string(s.Done("tid"));
+  const int64_t truth_a = s.Done("a_ns"), truth_b = s.Done("b_ns");
+  int64_t a = 0, b = 0;
+  Tally shape;  // intervals in block_once: libc <- block_once <- via_a|via_b <- main
+  for (const RawProfile& p : LoadProfiles(out.path(), s.pid, "off_cpu-")) {
+    int vi = p.ValueIndex("off_cpu");
+    REQUIRE(vi >= 0);
+    for (const auto& x : p.samples) {
+      if (x.labels.count("tid") == 0 || x.labels.at("tid") != tid) continue;
+      std::vector<Frame> u = UserFrames(p, x);
+      if (!HasFunction(u, "block_once")) continue;
+      const bool in_a = HasFunction(u, "via_a"), in_b = HasFunction(u, "via_b");
+      if (in_a) a += x.values[vi];
+      if (in_b) b += x.values[vi];
+      int k = IndexOf(u, NotInLibc);
+      bool good = k >= 1 && u[k].function == "block_once" && size_t(k + 2) < u.size() &&
+                  (u[k + 1].function == "via_a") != (u[k + 1].function == "via_b") &&
+                  (in_a != in_b) && u[k + 2].function == "main";
+      shape.Add(p, x, x.values[vi], good);
+    }
+  }
+  const double hits = MetricValue(metrics, "parascope_unwind_memo_hits_total");
+  FIGURES("offcpu_memo tid " << tid << " (" << s.Done("rounds") << " rounds; measured via_a "
+                             << Ms(truth_a) << " via_b " << Ms(truth_b) << ", share "
+                             << Ratio(truth_a, truth_a + truth_b) << "): off_cpu via_a " << Ms(a)
+                             << " via_b " << Ms(b) << " share " << Ratio(a, a + b)
+                             << ", stacks libc <- block_once <- via_x <- main " << shape.share()
+                             << " of " << Ms(shape.of) << "; memo hits " << hits
+                             << "; stacks not matching:" << shape.BadExamples());
+  REQUIRE(s.Done("rounds") >= 100);
+  CHECK(Ratio(a, a + b) == Approx(Ratio(truth_a, truth_a + truth_b)).margin(0.03));
+  CHECK(Ratio(a, a + b) == Approx(0.75).margin(0.03));
+  CHECK(shape.of > 0);
+  CHECK(shape.good == shape.of);
+  CHECK(Ratio(a + b, truth_a + truth_b) == Approx(1.0).margin(0.05));
+  // The memo served: the second and third via_a of a round find the first one's walk (two per
+  // round; at least half of them, whatever the window flips and the host's other threads did).
+  CHECK(hits >= s.Done("rounds"));
   s.Finish();
 }
 
