@@ -108,7 +108,8 @@ absl::StatusOr<ProcStat> ProcessTable::ReadStat(const ProcessKey& key) const {
   return stat;
 }
 
-absl::StatusOr<std::vector<MapEntry>> ProcessTable::ReadMaps(const ProcessKey& key) const {
+absl::StatusOr<std::vector<MapEntry>> ProcessTable::ReadMaps(const ProcessKey& key,
+                                                             ProcStat* stat) const {
   PS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(ProcDir(key.tgid) + "/maps"));
   PS_ASSIGN_OR_RETURN(std::vector<MapEntry> maps, ParseMaps(text));
   maps.erase(std::remove_if(maps.begin(), maps.end(),
@@ -126,30 +127,25 @@ absl::StatusOr<std::vector<MapEntry>> ProcessTable::ReadMaps(const ProcessKey& k
   }
   std::sort(maps.begin(), maps.end(),
             [](const MapEntry& a, const MapEntry& b) { return a.start < b.start; });
-  PS_RETURN_IF_ERROR(ReadStat(key).status());
+  PS_ASSIGN_OR_RETURN(ProcStat checked, ReadStat(key));
+  if (stat != nullptr) *stat = std::move(checked);
   return maps;
 }
 
 absl::StatusOr<std::shared_ptr<ProcessInfo>> ProcessTable::Read(const ProcessKey& key) const {
   std::string dir = ProcDir(key.tgid);
-  PS_ASSIGN_OR_RETURN(ProcStat stat, ReadStat(key));
   auto info = std::make_shared<ProcessInfo>();
   info->key = key;
-  absl::StatusOr<std::string> comm = ReadFileToString(dir + "/comm");
-  if (comm.ok()) {
-    info->comm = *std::move(comm);
-    if (!info->comm.empty() && info->comm.back() == '\n') info->comm.pop_back();
-  } else {
-    info->comm = stat.comm;
-  }
   absl::StatusOr<std::string> exe = ReadLink(dir + "/exe");
   if (exe.ok()) info->exe_path = *std::move(exe);
   if (read_cgroup_.load(std::memory_order_relaxed)) {
     absl::StatusOr<std::string> cgroup = ReadFileToString(dir + "/cgroup");
     if (cgroup.ok()) info->cgroup = *std::move(cgroup);
   }
-  PS_ASSIGN_OR_RETURN(info->maps, ReadMaps(key));
+  ProcStat stat;
+  PS_ASSIGN_OR_RETURN(info->maps, ReadMaps(key, &stat));
   info->files.resize(info->maps.size());
+  info->comm = std::move(stat.comm);
   return info;
 }
 

@@ -201,9 +201,15 @@ class ProcessTable {
   std::string ProcDir(uint32_t tgid) const;
   // Reads <tgid>/stat and checks its start time matches `key`: NotFound on mismatch.
   absl::StatusOr<ProcStat> ReadStat(const ProcessKey& key) const;
-  // Reads the executable maps, sorted, then re-checks identity so they are known to be `key`'s.
-  absl::StatusOr<std::vector<MapEntry>> ReadMaps(const ProcessKey& key) const;
-  // Reads stat, comm, exe and maps (no lock held).
+  // Reads the executable maps, sorted, then reads stat to check identity, so they are known to
+  // be `key`'s (the stat read to `stat` when not null).
+  absl::StatusOr<std::vector<MapEntry>> ReadMaps(const ProcessKey& key,
+                                                 ProcStat* stat = nullptr) const;
+  // Reads exe, cgroup (when wanted) and maps, then stat (no lock held): 6-9 system calls, each
+  // a cost per exec'd process. The identity check after the reads covers them all (a pid, once
+  // reused, never names `key` again). comm is stat's: /proc/<pid>/comm prints the same name
+  // the same way, unescaped (proc_task_name(..., escape=false) for both, fs/proc/array.c and
+  // fs/proc/base.c; only status escapes it).
   absl::StatusOr<std::shared_ptr<ProcessInfo>> Read(const ProcessKey& key) const;
   // Fills info->files. Takes mu_ for the pin index only.
   void Pin(ProcessInfo* info);

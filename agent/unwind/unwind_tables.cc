@@ -427,11 +427,16 @@ absl::Status UnwindTables::LoadProcess(uint32_t tgid, uint64_t start_ticks, uint
     }
     out.push_back(um);
   }
-  // The maps are the process's only if it is still the same process (pid reuse meanwhile).
-  absl::StatusOr<uint64_t> again = StartTicks(proc_root_, tgid);
-  if (!again.ok() || *again != start_ticks) {
-    for (Table* t : refs) Unref(t);
-    return gone(absl::NotFoundError(absl::StrCat("pid ", tgid, " exited while being read")));
+  // Maps read here are the process's only if it is still the same process (pid reuse
+  // meanwhile). A snapshot's were checked when it was taken (ProcessTable::ReadMaps): a process
+  // that exited since leaves an entry the walker never matches (it checks the start time) until
+  // SweepExited, and a /proc read (3 system calls per exec'd process) is saved.
+  if (snapshot == nullptr) {
+    absl::StatusOr<uint64_t> again = StartTicks(proc_root_, tgid);
+    if (!again.ok() || *again != start_ticks) {
+      for (Table* t : refs) Unref(t);
+      return gone(absl::NotFoundError(absl::StrCat("pid ", tgid, " exited while being read")));
+    }
   }
   const uint32_t n = static_cast<uint32_t>(out.size());
   std::optional<uint32_t> first = mappings_.Allocate(n);

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -274,6 +275,26 @@ TEST_CASE("ProcessTable falls back to stat's comm") {
   auto r = table.Get(kKey);
   REQUIRE(r.ok());
   CHECK((*r)->comm == "myserver");
+}
+
+// comm comes from stat's field 2, which prints the name as comm does, unescaped: names with
+// parentheses, backslashes, tabs, newlines and quotes come out as the process set them.
+TEST_CASE("ProcessTable takes comm exactly as the process named itself, from the real /proc") {
+  char saved[17] = {};
+  REQUIRE(prctl(PR_GET_NAME, saved) == 0);
+  for (const std::string name : {"plain (x) y", "back\\slash\ttab", "new\nline) ", "a\"quote"}) {
+    INFO(name);
+    REQUIRE(prctl(PR_SET_NAME, name.c_str()) == 0);
+    auto stat_text = ReadFileToString("/proc/self/stat");
+    REQUIRE(stat_text.ok());
+    auto st = ParseStat(*stat_text);
+    REQUIRE(st.ok());
+    ProcessTable table;
+    auto info = table.Get({static_cast<uint32_t>(getpid()), st->start_time_ticks * 10'000'000});
+    REQUIRE(info.ok());
+    CHECK((*info)->comm == name);
+  }
+  REQUIRE(prctl(PR_SET_NAME, saved) == 0);
 }
 
 TEST_CASE("ReadFileToString and ReadLink") {
