@@ -322,6 +322,16 @@ class AgentMetrics {
     unwind_scalar(MetricType::kCounter, "parascope_unwind_process_loads_total",
                   "Mapping lists written for processes (first loads, exec, new libraries).",
                   [](const auto& s) { return static_cast<double>(s.process_loads); });
+    unwind_scalar(MetricType::kCounter, "parascope_process_snapshots_shed_total",
+                  "New process images (an exec, a process first met by the unwinder) not read "
+                  "(mappings snapshot and unwind table load) because that work had spent its CPU "
+                  "budget (250 ms, refilled at 2.5% of a core); read later if they live and are "
+                  "sampled.",
+                  [](const auto& s) { return static_cast<double>(s.exec_snapshots_shed); });
+    unwind_scalar(MetricType::kCounter, "parascope_process_snapshot_work_seconds_total",
+                  "CPU time spent reading new process images and loading their unwind tables, "
+                  "in seconds (what that budget paid).",
+                  [](const auto& s) { return s.exec_snapshot_cpu_ns / 1e9; });
     unwind_scalar(MetricType::kCounter, "parascope_unwind_table_build_seconds_total",
                   "Time spent building unwind tables, in seconds.",
                   [](const auto& s) { return s.build_ns / 1e9; });

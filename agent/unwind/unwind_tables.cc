@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -616,8 +617,40 @@ void UnwindService::ClaimLoop() {
 }
 
 UnwindTableStats UnwindService::stats() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return tables_.stats();
+  UnwindTableStats s;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    s = tables_.stats();
+  }
+  s.exec_snapshots_shed = exec_shed_.load(std::memory_order_relaxed);
+  s.exec_snapshot_cpu_ns = exec_cpu_ns_.load(std::memory_order_relaxed);
+  return s;
+}
+
+namespace {
+// CPU time of the calling thread, ns (clock_gettime(2), CLOCK_THREAD_CPUTIME_ID).
+int64_t ThreadCpuNs() {
+  struct timespec ts {};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+}  // namespace
+
+bool UnwindService::ExecBudgetLeft(int64_t now_ns) {
+  if (exec_refill_ns_ != 0 && now_ns > exec_refill_ns_) {
+    const int64_t add = static_cast<int64_t>(static_cast<__int128>(now_ns - exec_refill_ns_) *
+                                             kExecRefillNsPerS / 1000000000);
+    int64_t have = exec_tokens_ns_.load(std::memory_order_relaxed);
+    while (!exec_tokens_ns_.compare_exchange_weak(have, std::min(kExecBurstNs, have + add))) {
+    }
+  }
+  exec_refill_ns_ = now_ns;
+  return exec_tokens_ns_.load(std::memory_order_relaxed) > 0;
+}
+
+void UnwindService::ChargeExec(int64_t spent_ns) {
+  exec_tokens_ns_.fetch_sub(spent_ns, std::memory_order_relaxed);
+  exec_cpu_ns_.fetch_add(spent_ns, std::memory_order_relaxed);
 }
 
 namespace {
@@ -714,6 +747,9 @@ void UnwindService::PollLoop() {
       follow_ups_[i] = std::move(follow_ups_.back());
       follow_ups_.pop_back();
       if (Superseded(f.key)) continue;
+      if (!ExecBudgetLeft(now)) continue;  // its exec was read: not shed, only not re-read
+      const int64_t cpu0 = ThreadCpuNs();
+      absl::Cleanup charge = [&] { ChargeExec(ThreadCpuNs() - cpu0); };
       char exe[PATH_MAX];
       const std::string link = absl::StrCat(proc_root_, "/", f.key.tgid, "/exe");
       const ssize_t n = readlink(link.c_str(), exe, sizeof(exe));
@@ -747,6 +783,17 @@ void UnwindService::PollLoop() {
         }
         continue;
       }
+      // A new image (an exec, or a process the walker met first: a fork child, one whose exec
+      // was shed) past the budget: no snapshot, and no table load (it would read the maps).
+      const bool new_image =
+          e.kind == PS_UNWIND_EVENT_EXEC || e.kind == PS_UNWIND_EVENT_NEW_PROCESS;
+      if (new_image && !ExecBudgetLeft(now)) {
+        // Counted once per image: the walker repeats its request while the process runs.
+        if (shed_images_.size() >= 65536) shed_images_.clear();
+        if (shed_images_.insert(key).second) exec_shed_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      const int64_t cpu0 = new_image ? ThreadCpuNs() : 0;
       if (processes_ != nullptr) {
         bool take;
         if (e.kind == PS_UNWIND_EVENT_UNKNOWN_PC) {
@@ -770,6 +817,7 @@ void UnwindService::PollLoop() {
           }
         }
       }
+      if (new_image) ChargeExec(ThreadCpuNs() - cpu0);
       work.push_back(std::move(w));
     }
     {
@@ -837,7 +885,11 @@ void UnwindService::TableLoop() {
       if (!load) continue;
       // The snapshot (read when the event arrived) is used if it is this image's; a later
       // event's maps are read here.
+      const bool exec_work = e.kind == PS_UNWIND_EVENT_EXEC || e.kind == kFollowUpEvent ||
+                             e.kind == PS_UNWIND_EVENT_NEW_PROCESS;
+      const int64_t cpu0 = exec_work ? ThreadCpuNs() : 0;
       absl::Status s = tables_.LoadProcess(e.tgid, ticks, e.exec_id, w.snapshot.get());
+      if (exec_work) ChargeExec(ThreadCpuNs() - cpu0);
       ++loads;
       if (const int64_t late = MonotonicNowNs() - w.queued_ns; late > 5000000) {
         Log(LogLevel::kDebug, "process %d (exec %d): table of event %d loaded %.1f ms after queued",

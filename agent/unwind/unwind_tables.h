@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -101,6 +102,10 @@ struct UnwindTableStats {
   uint64_t process_gone = 0;       // processes that exited before or while being loaded
   uint64_t files = 0;              // file identities entered in ps_unwind_files (gauge)
   uint64_t files_full = 0;         // identities not entered: ps_unwind_files full
+  // UnwindService: new process images not read because the new-image budget was spent
+  // (UnwindService::kExecBurstNs), and the CPU time new-image work took from it.
+  uint64_t exec_snapshots_shed = 0;
+  uint64_t exec_snapshot_cpu_ns = 0;
 };
 
 // Not thread-safe by itself; UnwindService serializes access.
@@ -255,6 +260,28 @@ class UnwindService {
   // mappings) took tens of ms on a fresh machine, during which PollLoop must go on reading the
   // exec events of short-lived processes while they live.
   void ClaimLoop();
+
+  // New-image work (the snapshot of an exec'd image while it lives, or of a process the walker
+  // met first, their follow-ups, and their table loads) is paid from a bucket of CPU time: it
+  // starts at kExecBurstNs and refills at kExecRefillNsPerS per second of wall time, so however
+  // many processes start per second, that work costs at most 2.5% of a core plus the burst.
+  // Past it, a new image's snapshot and load are shed (counted: exec_snapshots_shed). The
+  // walker asks again (at most every 0.1 s per CPU) while a shed process runs and is sampled,
+  // so one that lives is read once the bucket refills; one that exits first has its samples
+  // kept with the frames nameable without its mappings (kernel frames; its user frames are
+  // unsymbolized addresses).
+  static constexpr int64_t kExecBurstNs = 250000000;        // 250 ms
+  static constexpr int64_t kExecRefillNsPerS = 25000000;    // 25 ms per s: 2.5% of a core
+  // Refills the bucket for the wall time since the last call and says whether exec work may
+  // go on (the work is charged after, at its measured thread CPU time: ChargeExec).
+  bool ExecBudgetLeft(int64_t now_ns);
+  // Taken by PollLoop (snapshots) and TableLoop (loads of exec'd images); refilled by PollLoop.
+  std::atomic<int64_t> exec_tokens_ns_{kExecBurstNs};
+  // Charges `spent` ns of exec work to the bucket.
+  void ChargeExec(int64_t spent_ns);
+  int64_t exec_refill_ns_ = 0;  // CLOCK_MONOTONIC of the last refill (0: none yet)
+  std::atomic<uint64_t> exec_shed_{0}, exec_cpu_ns_{0};
+  absl::flat_hash_set<proc::ProcessKey> shed_images_;  // PollLoop's; at most 65536, then cleared
 
   struct Work {
     ps_unwind_event event;
