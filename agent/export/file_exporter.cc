@@ -70,9 +70,11 @@ absl::Status FileExporter::Export(const ProcessProfile& p) {
     }
     off += n;
   }
-  struct stat st;
+  // The blocks the file took, for retention only (a system call per profile otherwise saved).
   int64_t allocated = OutputRetention::EstimateAllocated(static_cast<int64_t>(data.size()));
-  if (fstat(fd, &st) == 0) allocated = static_cast<int64_t>(st.st_blocks) * 512;
+  if (struct stat st; retention_.enabled() && fstat(fd, &st) == 0) {
+    allocated = static_cast<int64_t>(st.st_blocks) * 512;
+  }
   if (close(fd) != 0) {
     int err = errno;
     unlink(tmp.c_str());
