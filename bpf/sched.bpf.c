@@ -251,14 +251,17 @@ static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, _
   ts->stack_weight = ps_stack_sample(ts, now);
   __u64 tgid_start_ns = BPF_CORE_READ(prev, group_leader, start_boottime);
   __u32 exec_id = ps_exec_id(prev);
+  /* Another image than at the last switch-out, sampled or not (ts's identity fields, set at
+   * every switch-out below): the memo is of the old one. */
+  if (ts->tgid != tgid || ts->tgid_start_ns != tgid_start_ns || ts->exec_id != exec_id)
+    ts->memo.n = 0;
   if (ts->stack_weight) {
     void *stacks = buf == 0 ? (void *)&ps_sched_stacks0 : (void *)&ps_sched_stacks1;
     ts->kernel_stack = ps_capture_kernel_stack(ctx, &ps_sched_scratch, stacks, &ts->kernel_stack_err);
     /* The user stack: the thread's last walk if it still holds (abi.h ps_user_memo), else a
-     * walk, which becomes the memo. ts's identity fields are still the last switch-out's. */
-    __u64 memo = 0;
-    if (ts->tgid == tgid && ts->tgid_start_ns == tgid_start_ns && ts->exec_id == exec_id)
-      memo = ps_user_memo_hit(&ts->memo, ws);
+     * walk, which becomes the memo. The memo is of the image in ts's identity fields (cleared
+     * below whenever they change). */
+    __u64 memo = ps_user_memo_hit(&ts->memo, ws);
     if (memo) {
       ts->user_stack = memo;
       ts->user_stack_err = 0;

@@ -574,6 +574,10 @@ static __always_inline int ps_unwind_frame_body(__u32 i, const int use_vma) {
     fp_restored = 1;
     if (w->fp_live)
       w->fp_used = 1;
+    /* No ps_user_memo for a walk with a frame found without a table: the table may come (the
+     * UNKNOWN_PC request this frame made), and a memo would keep the guess and its requests
+     * from ever being replaced. */
+    w->memo_ok = 0;
     if (fp == 0 || fp < sp || (fp & 7)) {
       w->outcome = no_table;
       return 0;

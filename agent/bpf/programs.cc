@@ -242,7 +242,7 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
     return LibbpfError(rc, "sizing the thread state map");
   }
   Log(LogLevel::kDebug, "ps_threads: %d entries (%d threads on the host), about %d KiB",
-      thread_entries, threads, uint64_t{thread_entries} * 208 / 1024);
+      thread_entries, threads, uint64_t{thread_entries} * 296 / 1024);
   // Off-CPU stacks (switch-out, and switch-in for long uncaptured intervals): their own maps, so
   // that the NMI sampler never waits on a lock sched_switch holds (bpf/common.bpf.h). About 1 KiB
   // per entry, 8 MiB per buffer; unused without off-CPU tracking.

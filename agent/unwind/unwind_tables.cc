@@ -649,7 +649,12 @@ bool UnwindService::ExecBudgetLeft(int64_t now_ns) {
 }
 
 void UnwindService::ChargeExec(int64_t spent_ns) {
-  exec_tokens_ns_.fetch_sub(spent_ns, std::memory_order_relaxed);
+  // The debt stops at one burst: a load that builds the table of a big new file (seconds, once
+  // per file) would otherwise shed every new image for minutes after it.
+  int64_t have = exec_tokens_ns_.load(std::memory_order_relaxed);
+  while (!exec_tokens_ns_.compare_exchange_weak(have,
+                                                std::max(-kExecBurstNs, have - spent_ns))) {
+  }
   exec_cpu_ns_.fetch_add(spent_ns, std::memory_order_relaxed);
 }
 

@@ -277,7 +277,7 @@ class UnwindService {
   bool ExecBudgetLeft(int64_t now_ns);
   // Taken by PollLoop (snapshots) and TableLoop (loads of exec'd images); refilled by PollLoop.
   std::atomic<int64_t> exec_tokens_ns_{kExecBurstNs};
-  // Charges `spent` ns of exec work to the bucket.
+  // Charges `spent` ns of exec work to the bucket, down to -kExecBurstNs at most.
   void ChargeExec(int64_t spent_ns);
   int64_t exec_refill_ns_ = 0;  // CLOCK_MONOTONIC of the last refill (0: none yet)
   std::atomic<uint64_t> exec_shed_{0}, exec_cpu_ns_{0};

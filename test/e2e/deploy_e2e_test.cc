@@ -83,19 +83,6 @@ struct Spinner {
   }
 };
 
-// Reads the agent's stderr up to its "attached:" line (at most 60 s) and returns the port of
-// its HTTP server from the "serving /metrics ... (port N)" line before it; 0 if there was none.
-int AttachedPort(Child* agent) {
-  std::string line;
-  int port = 0;
-  std::regex port_re("serving /metrics.*\\(port ([0-9]+)\\)");
-  while (agent->ReadStderrLine(&line, 60) && !absl::StrContains(line, "attached:")) {
-    std::smatch m;
-    if (std::regex_search(line, m, port_re)) port = std::stoi(m[1]);
-  }
-  return port;
-}
-
 // The capability names of one line `Key=CAP_A CAP_B ...` of the systemd unit.
 std::vector<std::string> UnitCapabilities(const std::string& unit_text, const std::string& key) {
   for (absl::string_view line : absl::StrSplit(unit_text, '\n')) {
@@ -579,7 +566,7 @@ TEST_CASE("signals: SIGHUP loses no window, SIGUSR1 and SIGQUIT flush and stop",
     Child agent({PS_AGENT_BIN, absl::StrCat("--pid=", work.pid), "--profiles=cpu",
                  "--sampling-frequency=99", "--collect-interval=1s", "--http-address=127.0.0.1:0",
                  "--output-dir=" + out.path()});
-    const int port = AttachedPort(&agent);
+    const int port = AttachedMetricsPort(&agent);
     INFO("agent stderr:\n" << agent.stderr_text());
     REQUIRE(port > 0);
     auto samples = [&] {
@@ -634,7 +621,7 @@ TEST_CASE("retention: --output-max-bytes keeps --output-dir under its bound duri
   Child agent({PS_AGENT_BIN, "--collect-interval=1s", "--sampling-frequency=99",
                "--http-address=127.0.0.1:0", "--output-dir=" + out.path(),
                absl::StrCat("--output-max-bytes=", bound)});
-  const int port = AttachedPort(&agent);
+  const int port = AttachedMetricsPort(&agent);
   INFO("agent stderr:\n" << agent.stderr_text());
   REQUIRE(port > 0);
   auto metrics = [&] { return Scrape(port); };
@@ -702,7 +689,7 @@ TEST_CASE("metrics: the agent's CPU by thread adds up to its process CPU", "[roo
   Spinner work;
   Child agent({PS_AGENT_BIN, "--collect-interval=1s", "--sampling-frequency=99",
                "--http-address=127.0.0.1:0", "--output-dir=" + out.path()});
-  const int port = AttachedPort(&agent);
+  const int port = AttachedMetricsPort(&agent);
   INFO("agent stderr:\n" << agent.stderr_text());
   REQUIRE(port > 0);
   auto metrics = [&] { return Scrape(port); };

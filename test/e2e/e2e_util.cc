@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <regex>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -530,6 +531,29 @@ std::string Scrape(int port) {
   std::string text;
   RunCommand(absl::StrCat("curl -sS -m 10 http://127.0.0.1:", port, "/metrics"), &text);
   return text;
+}
+
+namespace {
+const std::regex& MetricsPortRe() {
+  static const std::regex re("serving /metrics.*\\(port ([0-9]+)\\)");
+  return re;
+}
+}  // namespace
+
+int MetricsPort(const std::string& agent_stderr) {
+  std::smatch m;
+  return std::regex_search(agent_stderr, m, MetricsPortRe()) ? std::stoi(m[1]) : 0;
+}
+
+int AttachedMetricsPort(Child* agent) {
+  std::string line;
+  int port = 0;
+  while (agent->ReadStderrLine(&line, 60)) {
+    std::smatch m;
+    if (std::regex_search(line, m, MetricsPortRe())) port = std::stoi(m[1]);
+    if (absl::StrContains(line, "attached:")) break;
+  }
+  return port;
 }
 
 double MetricValue(const std::string& text, const std::string& series) {

@@ -119,6 +119,13 @@ std::map<std::string, std::string> KeyValues(const std::string& line);
 double MetricValue(const std::string& text, const std::string& series);
 // The agent's /metrics text from 127.0.0.1:`port` (curl, 10 s timeout); "" when unreachable.
 std::string Scrape(int port);
+// The port of the agent's HTTP server (--http-address=127.0.0.1:0 lets the kernel choose it)
+// from its "serving /metrics ... (port N)" log line in `agent_stderr`, the only place that says
+// it; 0 if there is none.
+int MetricsPort(const std::string& agent_stderr);
+// Reads the agent's stderr up to its "attached:" line (at most 60 s per line) and returns the
+// port of the "serving /metrics" line before it; 0 if there was none.
+int AttachedMetricsPort(Child* agent);
 
 // Files under dir matching "<dir>/<pid>/<start ticks>.<exec id>/<prefix>*.pb.gz" (pid 0 = any).
 std::vector<std::string> ProfileFiles(const std::string& dir, int pid, const std::string& prefix);

@@ -72,16 +72,8 @@ struct Agent {
     std::vector<std::string> argv = {PS_AGENT_BIN, "--http-address=127.0.0.1:0"};
     argv.insert(argv.end(), args.begin(), args.end());
     child = std::make_unique<Child>(argv);
-    std::string line;
-    std::regex port_re("serving /metrics.*\\(port ([0-9]+)\\)");
-    for (;;) {
-      bool got = child->ReadStderrLine(&line, 60);
-      INFO("agent stderr:\n" << child->stderr_text());
-      REQUIRE(got);
-      std::smatch m;
-      if (std::regex_search(line, m, port_re)) http_port = std::stoi(m[1]);
-      if (absl::StrContains(line, "attached:")) break;
-    }
+    http_port = AttachedMetricsPort(child.get());
+    INFO("agent stderr:\n" << child->stderr_text());
     REQUIRE(http_port > 0);
   }
   // Waits for the agent's debug line of window n (needs --log-level=debug).

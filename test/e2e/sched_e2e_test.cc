@@ -1040,22 +1040,6 @@ TEST_CASE("latency groups: a cgroup's latency profile shows 1/2 1/2 where per pr
   }
 }
 
-namespace {
-
-// The agent's /metrics port from its "serving /metrics ... (port N)" line, read until "attached:".
-int MetricsPort(Child* agent) {
-  std::string line;
-  int port = 0;
-  std::regex port_re("serving /metrics.*\\(port ([0-9]+)\\)");
-  while (agent->ReadStderrLine(&line, 60) && !absl::StrContains(line, "attached:")) {
-    std::smatch m;
-    if (std::regex_search(line, m, port_re)) port = std::stoi(m[1]);
-  }
-  return port;
-}
-
-}  // namespace
-
 // Issue 13, acceptance 4, per process and per cgroup: the daemon's counts of 10,000 exited
 // processes, and of 200 removed cgroups, are released (the gauge returns to where it was, give or
 // take what the rest of the host did meanwhile).
@@ -1068,7 +1052,7 @@ TEST_CASE("latency groups: the counts of exited processes and removed cgroups ar
     Child agent({PS_AGENT_BIN, "--latency-group=" + group, "--profiles=cpu,latency",
                  "--collect-interval=2s", "--http-address=127.0.0.1:0",
                  "--output-dir=" + out.path()});
-    const int port = MetricsPort(&agent);
+    const int port = AttachedMetricsPort(&agent);
     INFO("agent stderr:\n" << agent.stderr_text());
     REQUIRE(port > 0);
     const std::string before = Scrape(port);
@@ -1122,7 +1106,7 @@ TEST_CASE("latency groups: command mode keeps no state of 10000 exited tree memb
   TempDir out;
   Child agent({PS_AGENT_BIN, "--collect-interval=1s", "--http-address=127.0.0.1:0",
                "--output-dir=" + out.path(), "--", kFakebuild, "churn", "10000"});
-  const int port = MetricsPort(&agent);
+  const int port = AttachedMetricsPort(&agent);
   INFO("agent stderr:\n" << agent.stderr_text());
   REQUIRE(port > 0);
   // The command's stdout is the agent's.

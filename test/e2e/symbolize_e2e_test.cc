@@ -16,7 +16,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -461,16 +460,8 @@ TEST_CASE("debuginfod: a stripped binary's debug file fetched in the background 
       absl::StrCat("--debuginfod-urls=http://127.0.0.1:", server_port),
       "--debuginfod-cache-dir=" + cache};
   Child agent(argv);
-  int http_port = 0;
-  const std::regex port_re("serving /metrics.*\\(port ([0-9]+)\\)");
-  for (;;) {
-    bool got = agent.ReadStderrLine(&line, 60);
-    INFO("agent stderr:\n" << agent.stderr_text());
-    REQUIRE(got);
-    std::smatch m;
-    if (std::regex_search(line, m, port_re)) http_port = std::stoi(m[1]);
-    if (absl::StrContains(line, "attached:")) break;
-  }
+  const int http_port = AttachedMetricsPort(&agent);
+  INFO("agent stderr:\n" << agent.stderr_text());
   REQUIRE(http_port > 0);
   work->WriteStdin("go\n");
 

@@ -14,7 +14,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <regex>
 #include <set>
 #include <sstream>
 
@@ -87,11 +86,8 @@ void RunSession(Session* s, const std::vector<std::string>& workload,
   REQUIRE(attached);
   int port = 0;
   if (metrics != nullptr) {
-    // The port the kernel chose, from the log line that announces it (nothing else says it).
-    std::smatch m;
-    const std::string text = agent.stderr_text();
-    REQUIRE(std::regex_search(text, m, std::regex("serving /metrics.*\\(port ([0-9]+)\\)")));
-    port = std::stoi(m[1]);
+    port = MetricsPort(agent.stderr_text());
+    REQUIRE(port > 0);
   }
   s->work->WriteStdin("go\n");
   bool done = s->work->ReadStdoutLine(&line, phase_timeout_s);
@@ -609,6 +605,8 @@ TEST_CASE("unwind e2e: off-CPU stacks reused from the thread's last walk keep ca
                              << " of " << Ms(shape.of) << "; memo hits " << hits
                              << "; stacks not matching:" << shape.BadExamples());
   REQUIRE(s.Done("rounds") >= 100);
+  // The premise: both paths reach the switch-out from one sp.
+  REQUIRE(s.Done("same_sp") == 1);
   CHECK(Ratio(a, a + b) == Approx(Ratio(truth_a, truth_a + truth_b)).margin(0.03));
   CHECK(Ratio(a, a + b) == Approx(0.75).margin(0.03));
   CHECK(shape.of > 0);

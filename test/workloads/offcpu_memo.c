@@ -9,8 +9,9 @@
 // usage: offcpu_memo SECONDS
 //   prints "ready <pid>", waits for a line on stdin, alternates for SECONDS of wall time, then
 //   prints
-//     done tid=T a_ns=A b_ns=B rounds=R
-//   (A and B are CLOCK_MONOTONIC sums around each via_a() and each via_b() call), then idles
+//     done tid=T a_ns=A b_ns=B rounds=R same_sp=S
+//   (A and B are CLOCK_MONOTONIC sums around each via_a() and each via_b() call; S is 1 when
+//   block_once ran on the same stack pointer in every call, the premise above), then idles
 //   until stdin closes.
 // Built with gcc -O2 and its defaults (no frame pointers).
 #define _GNU_SOURCE
@@ -21,7 +22,20 @@
 
 #include "workload_util.h"
 
-__attribute__((noinline, noclone)) int block_once(void) { return poll(NULL, 0, 2) + 1; }
+// The stack pointer in block_once at its first call, and whether a later call differed (x86-64;
+// read with asm so that no frame pointer is forced on the function).
+static unsigned long first_sp;
+static int sp_differs;
+
+__attribute__((noinline, noclone)) int block_once(void) {
+  unsigned long sp;
+  __asm__ volatile("mov %%rsp, %0" : "=r"(sp));
+  if (first_sp == 0)
+    first_sp = sp;
+  else if (sp != first_sp)
+    sp_differs = 1;
+  return poll(NULL, 0, 2) + 1;
+}
 
 // Not a tail call (the result is changed after), and different constants keep gcc's identical
 // code folding (-fipa-icf, on at -O2) from making them one function.
@@ -59,7 +73,8 @@ int main(int argc, char** argv) {
     }
     rounds++;
   }
-  printf("done tid=%d a_ns=%lld b_ns=%lld rounds=%ld\n", (int)getpid(), a_ns, b_ns, rounds);
+  printf("done tid=%d a_ns=%lld b_ns=%lld rounds=%ld same_sp=%d\n", (int)getpid(), a_ns, b_ns,
+         rounds, !sp_differs);
   fflush(stdout);
   while (fgets(line, sizeof(line), stdin)) {
   }
