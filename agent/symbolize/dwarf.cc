@@ -245,11 +245,6 @@ void DwarfFile::Close() {
   syms_built_ = false;
 }
 
-absl::Status DwarfFile::Reopen(const std::string& open_path) {
-  if (dwfl_ != nullptr) return absl::OkStatus();
-  return Attach(open_path);
-}
-
 DwarfFile::~DwarfFile() {
   if (dwfl_ != nullptr) dwfl_end(dwfl_);
 }
@@ -425,7 +420,15 @@ bool DwarfFile::HasDwarf() {
 const std::vector<SourceFrame>& DwarfFile::Symbolize(uint64_t vaddr) {
   if (auto it = memo_.find(vaddr); it != memo_.end()) return it->second;
   static const std::vector<SourceFrame> kNone;
-  if (module_ == nullptr) return kNone;  // closed, and could not be reopened
+  if (module_ == nullptr) {
+    // Closed at a window's end: attach again for this address. A failed attach is not retried
+    // until the next DwarfCache::Get gives a path again.
+    if (reopen_path_.empty()) return kNone;
+    if (!Attach(reopen_path_).ok()) {
+      reopen_path_.clear();
+      return kNone;
+    }
+  }
   if (memo_bytes_ > (size_t{1} << 20)) {
     memo_.clear();
     memo_bytes_ = 0;
@@ -469,7 +472,7 @@ std::shared_ptr<DwarfFile> DwarfCache::Get(const std::string& key, const std::st
         }
         lru_.splice(lru_.begin(), lru_, it->second);
         it->second->last_used_window = window_;
-        if (f != nullptr && f->closed()) (void)f->Reopen(open_path);  // results stay if not
+        if (f != nullptr) f->set_reopen_path(open_path);  // reattached by Symbolize if needed
         return f;
       }
       if (replaced_.size() < 1024) replaced_.push_back(f->awaiting_debuginfod());

@@ -64,15 +64,23 @@ class DwarfFile {
   ~DwarfFile();
   DwarfFile(const DwarfFile&) = delete;
   // Releases libdwfl's handle (the mapped binary and debug file, libdw's caches) but keeps the
-  // results; Reopen attaches again (through a path valid now) for new addresses.
+  // results; Symbolize attaches again, through the path last given to set_reopen_path, for an
+  // address it has no result for.
   void Close();
   bool closed() const { return dwfl_ == nullptr; }
-  absl::Status Reopen(const std::string& open_path);
+  // A path that opens the binary now (DwarfCache::Get sets it at each use).
+  void set_reopen_path(const std::string& open_path) { reopen_path_ = open_path; }
+  // CPU time (ns) the caller measured for this file's last opening: the attach and libdw's load
+  // of its debug sections (decompressed whole when compressed: SHF_COMPRESSED, gABI 4.1), which
+  // costs tens of ms for a large debug file such as libc6-dbg's. 0: not measured yet.
+  int64_t open_cost_ns() const { return open_cost_ns_; }
+  void set_open_cost_ns(int64_t ns) { open_cost_ns_ = ns; }
   DwarfFile& operator=(const DwarfFile&) = delete;
 
   // The functions at ELF virtual address `vaddr` (as ElfFile::FileOffsetToVaddr gives it),
-  // innermost first, with source lines when DWARF has them; empty when no symbol covers it.
-  // Results are cached (bounded: the cache is dropped when it exceeds 1 MiB).
+  // innermost first, with source lines when DWARF has them; empty when no symbol covers it, or
+  // when a closed file cannot be reopened. Results are cached (bounded: the cache is dropped when
+  // it exceeds 1 MiB).
   const std::vector<SourceFrame>& Symbolize(uint64_t vaddr);
   // The cached result for vaddr, or null when it was not symbolized yet (no DWARF work).
   const std::vector<SourceFrame>* Cached(uint64_t vaddr) const {
@@ -120,6 +128,8 @@ class DwarfFile {
   Dwfl_Module* module_ = nullptr;
   std::string seen_dir_;
   std::string process_dir_;
+  std::string reopen_path_;
+  int64_t open_cost_ns_ = 0;
   DebugSearch search_;
   std::string awaiting_debuginfod_;  // build id asked for, lowercase hex
   bool has_dwarf_ = false;

@@ -5,6 +5,7 @@
 // maps. Results for ELF files are kept across windows in a SymbolCache keyed by build id.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <tuple>
@@ -75,7 +76,9 @@ class StackSymbolizer {
   // wall time up to burst_ns, so a host whose processes keep showing new addresses (the agent's
   // own stacks among them) costs at most refill_ns_per_s / 1e9 of a core in DWARF work. With the
   // bucket empty, new addresses are named from the ELF symbol table for that window (counted in
-  // dwarf_deferred) and tried again in a later one; cached ones still get their lines.
+  // dwarf_deferred) and tried again in a later one; cached ones still get their lines. A binary
+  // whose debug sections were closed is reopened only when MayReopenDwarf says the bucket can
+  // pay for it, so its new addresses are resolved together in one opening.
   // debuginfod (borrowed, may be null): the fetcher the DwarfCache's files ask for debug files;
   // results of a binary whose debug file is still being fetched are not cached across windows.
   static constexpr int64_t kDwarfBurstNs = 250000000;       // 250 ms
@@ -83,6 +86,13 @@ class StackSymbolizer {
   void SetDwarf(symbolize::DwarfCache* dwarf, int64_t burst_ns = kDwarfBurstNs,
                 const symbolize::Debuginfod* debuginfod = nullptr,
                 int64_t refill_ns_per_s = kDwarfRefillNsPerS);
+  // Whether a bucket holding tokens_ns (of burst_ns) may reopen a binary whose last opening
+  // cost open_cost_ns (DwarfFile::open_cost_ns; 0 = unknown): it must hold twice that, or be
+  // full when twice that exceeds the burst, so the opening leaves as much again for the
+  // addresses that waited for it.
+  static bool MayReopenDwarf(int64_t tokens_ns, int64_t burst_ns, int64_t open_cost_ns) {
+    return tokens_ns > 0 && tokens_ns >= std::min(burst_ns, 2 * open_cost_ns);
+  }
   // --symbolize=server: user frames of ELF files are left for the server (Pyroscope's
   // symbolizer, debuginfod): their Locations carry the ELF virtual address of the looked-up pc
   // (the pc for the leaf, the return address - 1 for callers, so `addr2line -e FILE ADDR` names

@@ -6,6 +6,20 @@
 #include <fstream>
 #include <string>
 
+#include "agent/proc/read_file.h"
+#include "agent/proc/stat.h"
+#include "agent/symbolize/elf_file.h"
+
+// Two functions of this binary (built with -g) whose source lines come only from DWARF.
+extern "C" __attribute__((noinline)) int ps_dwarf_reopen_a(int x) {
+  __asm__ volatile("" ::: "memory");
+  return x * 3 + 1;
+}
+extern "C" __attribute__((noinline)) int ps_dwarf_reopen_b(int x) {
+  __asm__ volatile("" ::: "memory");
+  return x * 5 + 2;
+}
+
 namespace parascope {
 namespace {
 
@@ -53,6 +67,57 @@ TEST_CASE("kernel symbols: the table is reloaded when modules change", "[symboli
   CHECK(symbolizer.kallsyms_reloads() == 1);
   CHECK(name(new_prog) == "bpf_prog_bbbb_new");
   std::system(("rm -rf " + dir).c_str());
+}
+
+TEST_CASE("DWARF: a closed debug file is reopened only when the bucket pays twice its opening",
+          "[symbolize]") {
+  using R = StackSymbolizer;
+  // Unknown cost (never opened): any tokens will do.
+  CHECK(R::MayReopenDwarf(1, 250, 0));
+  CHECK_FALSE(R::MayReopenDwarf(0, 250, 0));
+  // Twice the last opening.
+  CHECK(R::MayReopenDwarf(80, 250, 40));
+  CHECK_FALSE(R::MayReopenDwarf(79, 250, 40));
+  // An opening dearer than half the burst waits for a full bucket.
+  CHECK(R::MayReopenDwarf(250, 250, 200));
+  CHECK_FALSE(R::MayReopenDwarf(249, 250, 200));
+
+  // And in use: this binary's debug sections are opened for one address, closed at the window's
+  // end (DwarfCache::EndWindow), and reopened for a new address in the next window, whose line
+  // then comes from DWARF.
+  auto text = proc::ReadFileToString("/proc/self/stat");
+  REQUIRE(text.ok());
+  auto st = proc::ParseStat(*text);
+  REQUIRE(st.ok());
+  const proc::ProcessKey self{static_cast<uint32_t>(st->pid),
+                              proc::TicksToNs(st->start_time_ticks)};
+  auto kallsyms = symbolize::Kallsyms::Load(std::string(PS_FIXTURE_DIR) + "/kallsyms.txt");
+  REQUIRE(kallsyms.ok());
+  proc::ProcessTable processes;
+  symbolize::ElfCache elfs;
+  symbolize::DwarfCache dwarf;
+  StackSymbolizer symbolizer(&processes, &elfs, &*kallsyms);
+  symbolizer.SetDwarf(&dwarf, /*burst_ns=*/int64_t{60} * 1000000000, nullptr, /*refill=*/0);
+  auto line_of = [&](const void* fn) {
+    symbolize::Frame f = symbolizer.UserFrame(self, reinterpret_cast<uint64_t>(fn) + 1, true);
+    return f.lines == nullptr || f.lines->empty() ? int64_t{-1} : f.lines->front().line;
+  };
+  REQUIRE(ps_dwarf_reopen_a(1) == 4);
+  REQUIRE(ps_dwarf_reopen_b(1) == 7);
+  CHECK(line_of(reinterpret_cast<const void*>(&ps_dwarf_reopen_a)) > 0);
+  auto exe = symbolize::ElfFile::Open("/proc/self/exe");
+  REQUIRE(exe.ok());
+  REQUIRE_FALSE((*exe)->build_id().empty());
+  const std::string key = "b:" + (*exe)->build_id();
+  std::shared_ptr<symbolize::DwarfFile> f = dwarf.Get(key, "/proc/self/exe", "", "");
+  REQUIRE(f != nullptr);
+  CHECK(f->open_cost_ns() > 0);
+  CHECK_FALSE(f->closed());
+  symbolizer.EndWindow();
+  CHECK(f->closed());
+  CHECK(line_of(reinterpret_cast<const void*>(&ps_dwarf_reopen_b)) > 0);
+  CHECK_FALSE(f->closed());
+  CHECK(symbolizer.stats().dwarf_deferred == 0);
 }
 
 }  // namespace
