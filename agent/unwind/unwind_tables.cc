@@ -1,5 +1,6 @@
 #include "agent/unwind/unwind_tables.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/auxv.h>
 #include <sys/stat.h>
@@ -511,9 +512,23 @@ absl::Status UnwindTables::RefreshProcess(uint32_t tgid, uint64_t start_ticks, i
 }
 
 void UnwindTables::SweepExited() {
+  // The tgids alive now: proc(5) lists one directory per process (not per thread).
+  absl::flat_hash_set<uint32_t> listed;
+  DIR* dir = opendir(proc_root_.c_str());
+  if (dir == nullptr) return;  // keep everything: nothing is known to be gone
+  while (const dirent* e = readdir(dir)) {
+    uint32_t tgid;
+    if (absl::SimpleAtoi(e->d_name, &tgid)) listed.insert(tgid);
+  }
+  closedir(dir);
+  const bool verify = ++sweeps_ % kVerifyEverySweeps == 0;
   for (auto it = processes_.begin(); it != processes_.end();) {
-    absl::StatusOr<uint64_t> ticks = StartTicks(proc_root_, it->first);
-    if (!ticks.ok() || *ticks != it->second.start_ticks) {
+    bool gone = !listed.contains(it->first);
+    if (!gone && verify) {
+      absl::StatusOr<uint64_t> ticks = StartTicks(proc_root_, it->first);
+      gone = !ticks.ok() || *ticks != it->second.start_ticks;
+    }
+    if (gone) {
       DropProcess(it->first, it->second);
       processes_.erase(it++);
     } else {
@@ -847,9 +862,10 @@ void UnwindService::PollLoop() {
 }
 
 void UnwindService::TableLoop() {
-  // Exited processes are forgotten every 10 s (one /proc/<tgid>/stat read each: ~100 reads a
-  // second with 1000 processes). A stale entry is harmless meanwhile: the walker checks the
-  // start time, and a new process with the pid replaces it on its first sample.
+  // Exited processes are forgotten every 10 s (UnwindTables::SweepExited: one read of /proc,
+  // and a /proc/<tgid>/stat read per process every minute for reused pids). A stale entry is
+  // harmless meanwhile: the walker checks the start time, and a new process with the pid
+  // replaces it on its first sample.
   constexpr int64_t kSweepNs = 10000000000;
   constexpr int64_t kRefreshNs = 200000000;       // a process's maps re-read at most every 0.2 s
   int64_t last_sweep = MonotonicNowNs();

@@ -134,8 +134,12 @@ class UnwindTables {
   // known mappings: a library loaded since).
   absl::Status RefreshProcess(uint32_t tgid, uint64_t start_ticks, int64_t now_ns,
                               int64_t min_interval_ns);
-  // Forgets processes whose /proc/<tgid>/stat is gone or has another start time.
+  // Forgets processes whose tgid is no longer listed in proc_root (one directory read); every
+  // kVerifyEverySweeps-th call also reads the stat of each one still listed and forgets those
+  // with another start time (the pid was reused). A reused pid's stale entry is harmless
+  // meanwhile: the walker checks the start time, and the new process replaces it when sampled.
   void SweepExited();
+  static constexpr uint32_t kVerifyEverySweeps = 6;
   // Loads every process under proc_root (at start), until the process map is full.
   void LoadAll();
   // Reloads processes some of whose files got no table for lack of room, at most once per
@@ -194,6 +198,7 @@ class UnwindTables {
 
   UnwindMaps* maps_;
   std::string proc_root_;
+  uint32_t sweeps_ = 0;  // SweepExited calls
   RangeAllocator rows_, mappings_;
   absl::flat_hash_map<std::string, std::unique_ptr<Table>> tables_;  // by key
   // File identity (dev, inode, size, mtime) -> table key, so a file seen before is not reopened.

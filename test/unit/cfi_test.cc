@@ -14,9 +14,11 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "agent/proc/maps.h"
 #include "agent/proc/read_file.h"
 #include "agent/symbolize/elf_file.h"
@@ -492,6 +494,57 @@ TEST_CASE("unwind: the row budget is never exceeded, unused tables are evicted L
   CHECK(small.files_.count({(uint64_t{major(sleep_st.st_dev)} << 20) | minor(sleep_st.st_dev),
                             sleep_st.st_ino}) == 0);
   CHECK(st.files == small.files_.size());
+}
+
+// A proc root whose entries are symlinks to /proc/<pid>: the test decides what each "tgid" is.
+TEST_CASE("unwind: a sweep forgets unlisted processes at once, reused pids within a minute",
+          "[unwind]") {
+  char dir_template[] = "/tmp/parascope_procroot_XXXXXX";
+  REQUIRE(mkdtemp(dir_template) != nullptr);
+  const std::string root = dir_template;
+  auto child = [] {
+    pid_t pid = fork();
+    if (pid == 0) {
+      execl("/bin/sleep", "sleep", "100", nullptr);
+      _exit(127);
+    }
+    return pid;
+  };
+  const pid_t a = child(), b = child();
+  REQUIRE(a > 0);
+  REQUIRE(b > 0);
+  // Fake tgids 100 (a) and 200 (b), read once each has exec'd (its comm is "sleep").
+  for (int i = 0; i < 1000; ++i) {
+    auto ca = proc::ReadFileToString(absl::StrCat("/proc/", a, "/comm"));
+    auto cb = proc::ReadFileToString(absl::StrCat("/proc/", b, "/comm"));
+    if (ca.ok() && cb.ok() && *ca == "sleep\n" && *cb == "sleep\n") break;
+    usleep(10000);
+  }
+  REQUIRE(symlink(absl::StrCat("/proc/", a).c_str(), (root + "/100").c_str()) == 0);
+  REQUIRE(symlink(absl::StrCat("/proc/", b).c_str(), (root + "/200").c_str()) == 0);
+  FakeMaps maps(1 << 20, 1024);
+  UnwindTables tables(&maps, root);
+  REQUIRE(tables.LoadProcess(100).ok());
+  REQUIRE(tables.LoadProcess(200).ok());
+  REQUIRE(tables.stats().processes == 2);
+  // 100 is no longer listed: forgotten by the next sweep, without reading its stat.
+  REQUIRE(unlink((root + "/100").c_str()) == 0);
+  // 200 is listed but is now another process (this one: another start time), as a reused pid.
+  REQUIRE(unlink((root + "/200").c_str()) == 0);
+  REQUIRE(symlink("/proc/self", (root + "/200").c_str()) == 0);
+  tables.SweepExited();
+  CHECK(tables.stats().processes == 1);
+  // The reused pid is found by the sweep that reads each listed process's stat.
+  for (uint32_t i = 2; i < UnwindTables::kVerifyEverySweeps; ++i) tables.SweepExited();
+  CHECK(tables.stats().processes == 1);
+  tables.SweepExited();
+  CHECK(tables.stats().processes == 0);
+  CHECK(maps.procs_.empty());
+  kill(a, SIGKILL);
+  kill(b, SIGKILL);
+  waitpid(a, nullptr, 0);
+  waitpid(b, nullptr, 0);
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace parascope::unwind
