@@ -24,40 +24,62 @@ absl::Status MkdirP(const std::string& path) {
 
 }  // namespace
 
-std::string FileExporter::DirFor(const ProcessProfile& p) const {
-  if (p.group.kind == ProfileGroup::Kind::kCgroup) {
-    return absl::StrCat(dir_, "/cgroup/", p.group.id);
-  }
+FileExporter::~FileExporter() {
+  if (dir_fd_ >= 0) close(dir_fd_);
+}
+
+std::string FileExporter::RelativeDirFor(const ProcessProfile& p) {
+  if (p.group.kind == ProfileGroup::Kind::kCgroup) return absl::StrCat("cgroup/", p.group.id);
   const proc::ProcessKey& k = p.process;
-  return absl::StrCat(dir_, "/", k.tgid, "/", proc::BootNsToTicks(k.start_boot_ns), ".", k.exec_id);
+  return absl::StrCat(k.tgid, "/", proc::BootNsToTicks(k.start_boot_ns), ".", k.exec_id);
+}
+
+std::string FileExporter::NameFor(const ProcessProfile& p) {
+  return absl::StrCat(p.type, "-", p.profile.time_nanos() / 1000000, ".pb.gz");
+}
+
+std::string FileExporter::DirFor(const ProcessProfile& p) const {
+  return absl::StrCat(dir_, "/", RelativeDirFor(p));
 }
 
 std::string FileExporter::PathFor(const ProcessProfile& p) const {
-  return absl::StrCat(DirFor(p), "/", p.type, "-", p.profile.time_nanos() / 1000000,
-                      ".pb.gz");
+  return absl::StrCat(DirFor(p), "/", NameFor(p));
+}
+
+absl::Status FileExporter::MakeDir(const std::string& rel) {
+  if (!made_dirs_.contains(rel)) {
+    PS_RETURN_IF_ERROR(MkdirP(absl::StrCat(dir_, "/", rel)));
+    if (made_dirs_.size() >= 65536) made_dirs_.clear();
+    made_dirs_.insert(rel);
+  }
+  if (dir_fd_ < 0) {
+    dir_fd_ = open(dir_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd_ < 0) return ErrnoStatus(errno, absl::StrCat("open ", dir_));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status FileExporter::Export(const ProcessProfile& p) {
   PS_ASSIGN_OR_RETURN(std::string data, SerializeGzip(p.profile));
-  std::string dir = DirFor(p);
-  if (!made_dirs_.contains(dir)) {
-    PS_RETURN_IF_ERROR(MkdirP(dir));
-    if (made_dirs_.size() >= 65536) made_dirs_.clear();
-    made_dirs_.insert(dir);
-  }
-  std::string path = PathFor(p);
+  const std::string rel_dir = RelativeDirFor(p);
+  PS_RETURN_IF_ERROR(MakeDir(rel_dir));
+  const std::string rel = absl::StrCat(rel_dir, "/", NameFor(p));
   if (retention_.enabled()) {
     retention_.MakeRoom(OutputRetention::EstimateAllocated(static_cast<int64_t>(data.size())));
   }
-  std::string tmp = absl::StrCat(path, ".tmp");
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0 && errno == ENOENT) {  // the directory was removed meanwhile
-    made_dirs_.erase(dir);
-    PS_RETURN_IF_ERROR(MkdirP(dir));
-    made_dirs_.insert(dir);
-    fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const std::string tmp = absl::StrCat(rel, ".tmp");
+  int fd = openat(dir_fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ENOENT) {
+    // The directory was removed meanwhile (retention, a user), or DIR itself (dir_fd_ is then
+    // a deleted directory's): made again, and DIR reopened.
+    made_dirs_.erase(rel_dir);
+    close(dir_fd_);
+    dir_fd_ = -1;
+    PS_RETURN_IF_ERROR(MakeDir(rel_dir));
+    fd = openat(dir_fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   }
-  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", tmp));
+  const std::string path = absl::StrCat(dir_, "/", rel);
+  if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", path, ".tmp"));
   size_t off = 0;
   while (off < data.size()) {
     ssize_t n = write(fd, data.data() + off, data.size() - off);
@@ -65,8 +87,8 @@ absl::Status FileExporter::Export(const ProcessProfile& p) {
       if (errno == EINTR) continue;
       int err = errno;
       close(fd);
-      unlink(tmp.c_str());
-      return ErrnoStatus(err, absl::StrCat("write ", tmp));
+      unlinkat(dir_fd_, tmp.c_str(), 0);
+      return ErrnoStatus(err, absl::StrCat("write ", path, ".tmp"));
     }
     off += n;
   }
@@ -77,18 +99,18 @@ absl::Status FileExporter::Export(const ProcessProfile& p) {
   }
   if (close(fd) != 0) {
     int err = errno;
-    unlink(tmp.c_str());
-    return ErrnoStatus(err, absl::StrCat("close ", tmp));
+    unlinkat(dir_fd_, tmp.c_str(), 0);
+    return ErrnoStatus(err, absl::StrCat("close ", path, ".tmp"));
   }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
+  if (renameat(dir_fd_, tmp.c_str(), dir_fd_, rel.c_str()) != 0) {
     int err = errno;
-    unlink(tmp.c_str());
+    unlinkat(dir_fd_, tmp.c_str(), 0);
     return ErrnoStatus(err, absl::StrCat("rename ", path));
   }
   if (retention_.enabled()) {
     // A rewrite of the same window's file (never done today) would be indexed twice; the
     // second unlink then finds nothing.
-    retention_.Added(dir, p.type, p.profile.time_nanos() / 1000000, allocated);
+    retention_.Added(DirFor(p), p.type, p.profile.time_nanos() / 1000000, allocated);
     retention_.MakeRoom(0, 0);  // the file took more than estimated
   }
   return absl::OkStatus();

@@ -20,13 +20,17 @@
 namespace parascope {
 
 // Each file is written to a temporary name and renamed into place, so readers never see a
-// partial profile. With a retention bound, room is made before each write (the oldest windows
+// partial profile. Files are created and renamed relative to a descriptor of DIR (openat(2),
+// renameat(2)), so each system call walks only <pid>/<image>/<file>, not DIR's path again. With a retention bound, room is made before each write (the oldest windows
 // are deleted first), so the directory stays under --output-max-bytes. Thread-compatible.
 class FileExporter : public Exporter {
  public:
   // `retention` bounds the directory (retention.h); the default bounds nothing.
   explicit FileExporter(std::string dir, RetentionOptions retention = {})
       : dir_(std::move(dir)), retention_(dir_, retention) {}
+  ~FileExporter() override;
+  FileExporter(const FileExporter&) = delete;
+  FileExporter& operator=(const FileExporter&) = delete;
 
   // Indexes the files an earlier run left (when a retention bound is set) and applies the
   // bounds. Call once before the first Export. Errors: the root cannot be listed.
@@ -50,7 +54,14 @@ class FileExporter : public Exporter {
   std::string DirFor(const ProcessProfile& profile) const;
 
  private:
+  // That directory relative to DIR, and a file's name in it.
+  static std::string RelativeDirFor(const ProcessProfile& profile);
+  static std::string NameFor(const ProcessProfile& profile);
+  // Creates DIR/rel (and its parents) if not known to exist, and opens DIR if not open.
+  absl::Status MakeDir(const std::string& rel);
+
   std::string dir_;
+  int dir_fd_ = -1;  // DIR (O_PATH), opened at the first Export
   OutputRetention retention_;
   // Directories known to exist (cleared when it grows past 65536 entries).
   absl::flat_hash_set<std::string> made_dirs_;

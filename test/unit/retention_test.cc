@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/export/file_exporter.h"
+#include "agent/profile/pprof_builder.h"
 #include "test/unit/temp_dir.h"
 
 namespace parascope {
@@ -70,6 +71,42 @@ ProcessProfile MakeProfile(uint32_t tgid, int64_t t0_ms, size_t bytes, std::mt19
   for (char& c : s) c = static_cast<char>('!' + (*rng)() % 90);
   p.profile.add_string_table(s);
   return p;
+}
+
+// The file exporter alone (no retention): the SPEC layout, the profile byte-exact after a
+// gunzip, no .tmp left behind, and a directory removed under it (the whole root) made again.
+TEST_CASE("file exporter: the SPEC layout, byte-exact content, and a removed root made again",
+          "[unit]") {
+  TempDir tmp;
+  const std::string root = tmp.path() + "/out";
+  FileExporter exporter(root);
+  REQUIRE(exporter.Start(absl::Now()).ok());
+  std::mt19937 rng(7);
+  ProcessProfile p = MakeProfile(4242, 1700000000000, 200, &rng);
+  REQUIRE(exporter.Export(p).ok());
+  const std::string path = root + "/4242/4242.1/process_cpu-1700000000000.pb.gz";
+  CHECK(exporter.PathFor(p) == path);
+  auto read = [](const std::string& file) {
+    std::ifstream in(file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto parsed = ParseMaybeGzip(read(path));
+  REQUIRE(parsed.ok());
+  CHECK(parsed->SerializeAsString() == p.profile.SerializeAsString());
+  CHECK(Measure(root).files == 1);  // no .tmp left
+  // The root is removed (a user cleaning up): the next profile makes it again.
+  fs::remove_all(root);
+  ProcessProfile q = MakeProfile(4242, 1700000015000, 200, &rng);
+  REQUIRE(exporter.Export(q).ok());
+  auto again = ParseMaybeGzip(read(exporter.PathFor(q)));
+  REQUIRE(again.ok());
+  CHECK(again->SerializeAsString() == q.profile.SerializeAsString());
+  CHECK(Measure(root).files == 1);
+  // A root that cannot be made: an error naming the path, nothing written.
+  FileExporter blocked(root + "/4242/4242.1/process_cpu-1700000015000.pb.gz/sub");
+  absl::Status s = blocked.Export(q);
+  CHECK_FALSE(s.ok());
+  CHECK(absl::StrContains(s.message(), "process_cpu-1700000015000.pb.gz"));
 }
 
 }  // namespace
