@@ -2,7 +2,10 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "agent/util/status.h"
@@ -55,14 +58,22 @@ absl::Status FileExporter::MakeDir(const std::string& rel) {
   if (dir_fd_ < 0) {
     dir_fd_ = open(dir_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (dir_fd_ < 0) return ErrnoStatus(errno, absl::StrCat("open ", dir_));
+    // The filesystem's block (statfs(2) f_bsize; an O_PATH descriptor allows fstatfs since
+    // Linux 3.12, open(2)): a profile whose stored gzip fits in one takes the same space
+    // compressed or not, and storing costs 0.14 us instead of 12 (SerializeGzip). Bounded to
+    // 64 KiB, a stored gzip's single block. Unknown: everything is compressed.
+    struct statfs fs {};
+    block_bytes_ = fstatfs(dir_fd_, &fs) == 0 && fs.f_bsize > 0
+                       ? std::min<size_t>(static_cast<size_t>(fs.f_bsize), 65536)
+                       : 0;
   }
   return absl::OkStatus();
 }
 
 absl::Status FileExporter::Export(const ProcessProfile& p) {
-  PS_ASSIGN_OR_RETURN(std::string data, SerializeGzip(p.profile));
   const std::string rel_dir = RelativeDirFor(p);
   PS_RETURN_IF_ERROR(MakeDir(rel_dir));
+  PS_ASSIGN_OR_RETURN(std::string data, SerializeGzip(p.profile, block_bytes_));
   const std::string rel = absl::StrCat(rel_dir, "/", NameFor(p));
   if (retention_.enabled()) {
     retention_.MakeRoom(OutputRetention::EstimateAllocated(static_cast<int64_t>(data.size())));

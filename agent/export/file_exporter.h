@@ -62,6 +62,7 @@ class FileExporter : public Exporter {
 
   std::string dir_;
   int dir_fd_ = -1;  // DIR (O_PATH), opened at the first Export
+  size_t block_bytes_ = 0;  // DIR's filesystem block, bytes: profiles within one are stored
   OutputRetention retention_;
   // Directories known to exist (cleared when it grows past 65536 entries).
   absl::flat_hash_set<std::string> made_dirs_;

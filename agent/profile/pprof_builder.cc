@@ -2,7 +2,10 @@
 
 #include <algorithm>
 
+#include <libdeflate.h>
 #include <zlib.h>
+
+#include <memory>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -178,37 +181,36 @@ perftools::profiles::Profile PprofBuilder::Build(int64_t time_nanos, int64_t dur
   return std::move(profile_);
 }
 
-absl::StatusOr<std::string> SerializeGzip(const perftools::profiles::Profile& profile) {
+absl::StatusOr<std::string> SerializeGzip(const perftools::profiles::Profile& profile,
+                                          size_t store_within) {
   std::string raw;
   if (!profile.SerializeToString(&raw)) return absl::InternalError("pprof: serialization failed");
-  return Gzip(raw);
+  return Gzip(raw, raw.size() + kGzipStoredOverhead <= store_within ? 0 : kGzipLevel);
 }
 
-absl::StatusOr<std::string> Gzip(absl::string_view raw) {
-  // deflate's window and hash table sized to the input (zlib.h, deflateInit2: windowBits 9..15,
-  // memLevel 1..9; memory (1 << (windowBits + 2)) + (1 << (memLevel + 9)) bytes). A window
-  // larger than the input finds no more matches, but the defaults (15, 8) cost a 256 KiB state
-  // whose 64 KiB hash table is cleared at every init: more CPU than compressing a 2 KiB profile
-  // (most are). +16: the gzip wrapper. Z_BEST_SPEED: profiles are small and highly repetitive;
-  // level 1 costs about half the CPU of the default for a few % more bytes.
-  int window_bits = 9;
-  while (window_bits < 15 && (size_t{1} << window_bits) < raw.size()) ++window_bits;
-  const int mem_level = std::clamp(window_bits - 6, 1, 8);
-  z_stream zs{};
-  if (deflateInit2(&zs, Z_BEST_SPEED, Z_DEFLATED, window_bits + 16, mem_level,
-                   Z_DEFAULT_STRATEGY) != Z_OK) {
-    return absl::InternalError("gzip: deflateInit2 failed");
+absl::StatusOr<std::string> Gzip(absl::string_view raw, int level) {
+  // libdeflate compresses a whole buffer at once: no streaming state to set up and clear per
+  // call, which is what a small profile costs with zlib (measured on 400 of this agent's
+  // profiles, 1.5 KB on average: zlib level 1 35 us each, ratio 1.50; libdeflate level 2 12 us,
+  // ratio 1.505; level 1 9 us but 1.44; level 0, stored, 0.14 us). One compressor per level and
+  // thread (level 2's hash tables are about 200 KB): the main loop and the push thread compress.
+  struct FreeCompressor {
+    void operator()(libdeflate_compressor* c) const { libdeflate_free_compressor(c); }
+  };
+  using Compressor = std::unique_ptr<libdeflate_compressor, FreeCompressor>;
+  if (level != 0 && level != kGzipLevel) {
+    return absl::InvalidArgumentError(absl::StrCat("gzip: level ", level, " not offered"));
   }
+  thread_local Compressor stored(libdeflate_alloc_compressor(0));
+  thread_local Compressor compressed(libdeflate_alloc_compressor(kGzipLevel));
+  libdeflate_compressor* c = level == 0 ? stored.get() : compressed.get();
+  if (c == nullptr) return absl::ResourceExhaustedError("gzip: out of memory");
   std::string out;
-  out.resize(deflateBound(&zs, raw.size()) + 32);
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(raw.data()));
-  zs.avail_in = raw.size();
-  zs.next_out = reinterpret_cast<Bytef*>(out.data());
-  zs.avail_out = out.size();
-  int rc = deflate(&zs, Z_FINISH);
-  deflateEnd(&zs);
-  if (rc != Z_STREAM_END) return absl::InternalError(absl::StrCat("gzip: deflate failed: ", rc));
-  out.resize(zs.total_out);
+  out.resize(libdeflate_gzip_compress_bound(c, raw.size()));
+  const size_t n = libdeflate_gzip_compress(c, raw.data(), raw.size(), out.data(), out.size());
+  // Cannot happen with a buffer of the bound's size (libdeflate.h).
+  if (n == 0) return absl::InternalError("gzip: output larger than libdeflate's bound");
+  out.resize(n);
   return out;
 }
 

@@ -136,10 +136,23 @@ class PprofBuilder {
   absl::flat_hash_map<std::pair<uint64_t, uint32_t>, uint64_t> frame_memo_;
 };
 
-// Serializes and gzips a profile (the pprof on-disk and on-wire form). Errors: Internal from zlib.
-absl::StatusOr<std::string> SerializeGzip(const perftools::profiles::Profile& profile);
-// gzip (RFC 1952) of `raw`, with deflate's state sized to it. Errors: Internal from zlib.
-absl::StatusOr<std::string> Gzip(absl::string_view raw);
+// gzip level of profiles that are compressed: libdeflate's 2 (libdeflate.h: 1 fastest .. 12).
+constexpr int kGzipLevel = 2;
+// Bytes a stored (level 0) gzip adds to its content when that is under 64 KiB: the member
+// header (10) and trailer (8), one stored block's header (5) (RFC 1952 section 2.3, RFC 1951
+// section 3.2.4).
+constexpr size_t kGzipStoredOverhead = 23;
+
+// Serializes and gzips a profile (the pprof on-disk and on-wire form). A profile whose stored
+// gzip fits in `store_within` bytes is stored, not compressed: a file exporter passes its
+// filesystem's block size, where compressing a file of one block saves no space. 0 compresses
+// everything. Errors: those of Gzip, and Internal when protobuf cannot serialize.
+absl::StatusOr<std::string> SerializeGzip(const perftools::profiles::Profile& profile,
+                                          size_t store_within = 0);
+// gzip (RFC 1952, one member) of `raw`, by libdeflate at `level`: 0 (stored) or kGzipLevel.
+// Errors: InvalidArgument for another level; ResourceExhausted when the per-thread compressor
+// cannot be allocated.
+absl::StatusOr<std::string> Gzip(absl::string_view raw, int level = kGzipLevel);
 // Gunzips (if gzip magic present) and parses. Errors: InvalidArgument for corrupt input.
 absl::StatusOr<perftools::profiles::Profile> ParseMaybeGzip(absl::string_view data);
 

@@ -106,6 +106,35 @@ TEST_CASE("pprof gzip round trip is byte-exact", "[profile]") {
   CHECK(plain->sample_size() == 2);
 }
 
+// SerializeGzip's store_within: a profile whose stored gzip fits is stored (RFC 1951 block type
+// 00: the first deflate byte is BFINAL=1, BTYPE=00, i.e. 0x01, right after the 10-byte member
+// header), exactly kGzipStoredOverhead bytes longer than its encoding; one byte more than fits is
+// compressed (Huffman block, BTYPE 01 or 10). Both read back byte-exact.
+TEST_CASE("pprof gzip: stored within a block, compressed beyond it, both byte-exact",
+          "[profile]") {
+  Profile p = BuildExample();
+  // Repetitive strings: compressible, so compressed and stored forms differ in size.
+  for (int i = 0; i < 50; ++i) p.add_string_table("parascope::ProfileSet::AppendFrames");
+  std::string raw;
+  REQUIRE(p.SerializeToString(&raw));
+  const size_t fits = raw.size() + kGzipStoredOverhead;
+  auto stored = SerializeGzip(p, fits);
+  REQUIRE(stored.ok());
+  CHECK(stored->size() == fits);
+  REQUIRE(stored->size() > 10);
+  CHECK(static_cast<unsigned char>((*stored)[10]) == 0x01);
+  auto compressed = SerializeGzip(p, fits - 1);
+  REQUIRE(compressed.ok());
+  CHECK(compressed->size() < raw.size() / 2);
+  CHECK((static_cast<unsigned char>((*compressed)[10]) & 0x06) != 0);
+  for (const std::string* gz : {&*stored, &*compressed}) {
+    auto back = ParseMaybeGzip(*gz);
+    REQUIRE(back.ok());
+    CHECK(back->SerializeAsString() == raw);
+  }
+  CHECK(Gzip(raw, 7).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("ParseMaybeGzip rejects corrupt input", "[profile]") {
   auto gz = SerializeGzip(BuildExample());
   REQUIRE(gz.ok());

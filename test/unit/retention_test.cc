@@ -94,6 +94,17 @@ TEST_CASE("file exporter: the SPEC layout, byte-exact content, and a removed roo
   REQUIRE(parsed.ok());
   CHECK(parsed->SerializeAsString() == p.profile.SerializeAsString());
   CHECK(Measure(root).files == 1);  // no .tmp left
+  // Within one filesystem block (statfs f_bsize, 4 KiB or more on Linux): stored, not compressed.
+  CHECK(fs::file_size(path) == p.profile.ByteSizeLong() + kGzipStoredOverhead);
+  // Beyond a block: compressed (repetitive content, a tenth of its size or less).
+  ProcessProfile big = MakeProfile(4242, 1700000005000, 10, &rng);
+  big.profile.add_string_table(std::string(200000, 'x'));
+  REQUIRE(exporter.Export(big).ok());
+  CHECK(fs::file_size(exporter.PathFor(big)) < big.profile.ByteSizeLong() / 10);
+  auto big_back = ParseMaybeGzip(read(exporter.PathFor(big)));
+  REQUIRE(big_back.ok());
+  CHECK(big_back->SerializeAsString() == big.profile.SerializeAsString());
+  fs::remove(exporter.PathFor(big));
   // The root is removed (a user cleaning up): the next profile makes it again.
   fs::remove_all(root);
   ProcessProfile q = MakeProfile(4242, 1700000015000, 200, &rng);
