@@ -588,6 +588,11 @@ void UnwindService::Start(const std::vector<uint32_t>& tgids, bool preload) {
 
 void UnwindService::Stop() {
   stop_ = true;
+  // Taking each mutex orders the store before a waiter's next predicate check: without it a
+  // waiter that checked stop_ just before the store would miss this notification (the claim
+  // thread waits with no timeout).
+  { std::lock_guard<std::mutex> l(queue_mu_); }
+  { std::lock_guard<std::mutex> l(claim_mu_); }
   queue_cv_.notify_all();
   claim_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -599,9 +604,9 @@ void UnwindService::ClaimLoop() {
   std::deque<ps_unwind_event> batch;
   while (!stop_) {
     {
+      // No timeout: claims and Stop notify; a tick would wake an idle agent 10 times a second.
       std::unique_lock<std::mutex> l(claim_mu_);
-      claim_cv_.wait_for(l, std::chrono::milliseconds(100),
-                         [this] { return stop_ || !claims_.empty(); });
+      claim_cv_.wait(l, [this] { return stop_ || !claims_.empty(); });
       batch.swap(claims_);
     }
     for (const ps_unwind_event& e : batch) {
@@ -872,9 +877,11 @@ void UnwindService::TableLoop() {
   std::deque<Work> batch;
   while (!stop_) {
     {
+      // Work and Stop notify; the 1 s tick is the housekeeping below (quarantined rows are
+      // freed 1 s after their release, perf maps are looked for every 1 s, exited processes
+      // swept every 10 s), so an idle agent wakes here once a second, not ten times.
       std::unique_lock<std::mutex> l(queue_mu_);
-      queue_cv_.wait_for(l, std::chrono::milliseconds(100),
-                         [this] { return stop_ || !queue_.empty(); });
+      queue_cv_.wait_for(l, std::chrono::seconds(1), [this] { return stop_ || !queue_.empty(); });
       batch.swap(queue_);
     }
     const int64_t wait_start = MonotonicNowNs();
