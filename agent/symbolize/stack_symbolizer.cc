@@ -107,12 +107,18 @@ size_t StackSymbolizer::TracingPrefixLength(absl::Span<const uint64_t> ips) cons
   if (kallsyms_ == nullptr) return 0;
   size_t n = 0;
   for (; n < ips.size() && n < 4; ++n) {
-    std::optional<symbolize::KernelSymbol> sym = kallsyms_->Lookup(ips[n]);
-    bool tracing = !sym || sym->module == "bpf" ||
-                   absl::StartsWith(sym->name, "bpf_trace_run") ||
-                   absl::StartsWith(sym->name, "__bpf_trace_") ||
-                   absl::StartsWith(sym->name, "bpf_prog_");
-    if (!tracing) break;
+    // Memoized: a lookup inflates a block of kallsyms names, and every off-CPU record asks.
+    auto it = tracing_memo_.find(ips[n]);
+    if (it == tracing_memo_.end()) {
+      if (tracing_memo_.size() >= kMaxKernelMemo) tracing_memo_.clear();
+      std::optional<symbolize::KernelSymbol> sym = kallsyms_->Lookup(ips[n]);
+      const bool tracing = !sym || sym->module == "bpf" ||
+                           absl::StartsWith(sym->name, "bpf_trace_run") ||
+                           absl::StartsWith(sym->name, "__bpf_trace_") ||
+                           absl::StartsWith(sym->name, "bpf_prog_");
+      it = tracing_memo_.emplace(ips[n], tracing).first;
+    }
+    if (!it->second) break;
   }
   // Only a prefix that ends in the kernel proper is trimmed; otherwise keep everything.
   return n < ips.size() ? n : 0;
@@ -365,6 +371,7 @@ void StackSymbolizer::EndWindow() {
           refreshed_ = std::make_unique<const symbolize::Kallsyms>(*std::move(k));
           kallsyms_ = refreshed_.get();
           kernel_memo_.clear();
+          tracing_memo_.clear();
           SetKernelMapping();
           ++kallsyms_reloads_;
         } else {

@@ -62,7 +62,8 @@ class StackSymbolizer {
   // Number of leading kernel frames that belong to the tracing machinery rather than to the
   // traced task: a stack captured by bpf_get_stack() inside a tracepoint program starts with the
   // program itself (no kallsyms symbol, or a "[bpf]" one) and bpf_trace_run<N> /
-  // __bpf_trace_<event> (kernel/trace/bpf_trace.c). At most 4 frames are considered.
+  // __bpf_trace_<event> (kernel/trace/bpf_trace.c). At most 4 frames are considered. Not
+  // thread-safe (a memo), like the rest of this class.
   size_t TracingPrefixLength(absl::Span<const uint64_t> kernel_ips) const;
 
   const SymbolizerStats& stats() const { return stats_; }
@@ -162,6 +163,8 @@ class StackSymbolizer {
   // Kernel symbols by looked-up address (at most kMaxKernelMemo, then cleared).
   static constexpr size_t kMaxKernelMemo = 65536;
   absl::flat_hash_map<uint64_t, std::shared_ptr<const symbolize::FrameLines>> kernel_memo_;
+  // TracingPrefixLength's verdict by address (at most kMaxKernelMemo, then cleared).
+  mutable absl::flat_hash_map<uint64_t, bool> tracing_memo_;
   // ELF files looked up this window. Key: (kFileKey, device, inode, path hash) for a file found
   // through /proc/<pid>/maps' identity, shared by every process mapping it (one stat(2) per file
   // and window, not per process); (kProcessKey, tgid, start ns, mapping start) for a mapping

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 #ifndef PS_FIXTURE_DIR
 #error "PS_FIXTURE_DIR must be defined (absolute path of test/fixtures)"
 #endif
@@ -116,6 +118,41 @@ TEST_CASE("Kallsyms::Parse accepts blank lines and CRLF", "[symbolize]") {
   REQUIRE(sym.has_value());
   CHECK(sym->name == "foo");
   CHECK(sym->module == "mod");
+}
+
+// Names are kept compressed in blocks of 64 (kallsyms.h): every symbol of a table spanning
+// several blocks, with module runs and _etext inside a block, reads back its own name and module.
+TEST_CASE("Kallsyms names and modules read back across compressed blocks", "[symbolize]") {
+  std::string text;
+  constexpr int kSymbols = 300;
+  auto module_of = [](int i) -> std::string {
+    if (i < 150) return "";
+    return i < 200 ? "nvme" : (i < 210 ? "bpf" : "xfs");
+  };
+  for (int i = 0; i < kSymbols; ++i) {
+    const uint64_t addr = 0xffffffff81000000 + uint64_t(i) * 0x100;
+    const std::string name = i == 100 ? "_etext" : absl::StrCat("function_number_", i, "_name");
+    const std::string module = module_of(i);
+    absl::StrAppend(&text, absl::Hex(addr, absl::kZeroPad16), i % 2 ? " t " : " T ", name,
+                    module.empty() ? "" : absl::StrCat("\t[", module, "]"), "\n");
+  }
+  auto syms = Kallsyms::Parse(text);
+  REQUIRE(syms.ok());
+  REQUIRE(syms->size() == kSymbols);
+  for (int i = 0; i < kSymbols; ++i) {
+    const uint64_t addr = 0xffffffff81000000 + uint64_t(i) * 0x100 + 0x10;
+    std::optional<KernelSymbol> sym = syms->Lookup(addr);
+    if (i == 100) {
+      CHECK_FALSE(sym.has_value());  // past _etext
+      continue;
+    }
+    REQUIRE(sym.has_value());
+    CHECK(sym->address == addr - 0x10);
+    CHECK(sym->name == absl::StrCat("function_number_", i, "_name"));
+    CHECK(sym->module == module_of(i));
+  }
+  // 300 names of 22-24 bytes: compressed, not stored.
+  CHECK(syms->memory_bytes() < kSymbols * (8 + 23));
 }
 
 TEST_CASE("Kallsyms with all-zero addresses is FailedPrecondition", "[symbolize]") {
