@@ -858,6 +858,14 @@ void UnwindService::PollLoop() {
       }
     }
     queue_cv_.notify_one();
+    // Past the new-image budget nothing here is urgent (new images are shed): a short pause
+    // lets the events of the next few ms arrive together. Measured, 3000 /bin/true exec'd and
+    // reaped back to back: 6164 wake-ups for 7801 events without the pause, 2300 with it; the
+    // unwinder's threads 0.55-0.8 ms -> 0.2-0.4 ms of CPU per process. Within the budget an
+    // exec is read at once, while a short-lived process still lives.
+    if (!batch.empty() && exec_tokens_ns_.load(std::memory_order_relaxed) <= 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
     const int64_t handled_ns = MonotonicNowNs() - handling_start;
     if (handled_ns > 5000000) {
       Log(LogLevel::kDebug, "unwind: %d events and %d follow-ups took %.1f ms", batch.size(),
@@ -874,6 +882,7 @@ void UnwindService::TableLoop() {
   constexpr int64_t kSweepNs = 10000000000;
   constexpr int64_t kRefreshNs = 200000000;       // a process's maps re-read at most every 0.2 s
   int64_t last_sweep = MonotonicNowNs();
+  int64_t last_perf_map_poll = 0;
   std::deque<Work> batch;
   while (!stop_) {
     {
@@ -932,7 +941,12 @@ void UnwindService::TableLoop() {
     batch.clear();
     const int64_t loaded = MonotonicNowNs();
     tables_.ReleaseQuarantine(now);
-    if (processes_ != nullptr) processes_->PollPerfMaps(now);
+    // At most once a second (a perf map is looked for every 1 s per process anyway): each call
+    // scans every process entry, and under churn batches come hundreds of times a second.
+    if (processes_ != nullptr && now - last_perf_map_poll >= 1000000000) {
+      processes_->PollPerfMaps(now);
+      last_perf_map_poll = now;
+    }
     if (const int64_t end = MonotonicNowNs(); end - wait_start > 5000000) {
       Log(LogLevel::kDebug,
           "unwind: table batch of %d (%d loads): lock %.1f ms, loads %.1f ms, housekeeping %.1f ms",
