@@ -2,13 +2,11 @@
 
 #include <algorithm>
 
-#include <libdeflate.h>
 #include <zlib.h>
-
-#include <memory>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "agent/util/libdeflate.h"
 
 namespace parascope {
 
@@ -194,15 +192,11 @@ absl::StatusOr<std::string> Gzip(absl::string_view raw, int level) {
   // profiles, 1.5 KB on average: zlib level 1 35 us each, ratio 1.50; libdeflate level 2 12 us,
   // ratio 1.505; level 1 9 us but 1.44; level 0, stored, 0.14 us). One compressor per level and
   // thread (level 2's hash tables are about 200 KB): the main loop and the push thread compress.
-  struct FreeCompressor {
-    void operator()(libdeflate_compressor* c) const { libdeflate_free_compressor(c); }
-  };
-  using Compressor = std::unique_ptr<libdeflate_compressor, FreeCompressor>;
   if (level != 0 && level != kGzipLevel) {
     return absl::InvalidArgumentError(absl::StrCat("gzip: level ", level, " not offered"));
   }
-  thread_local Compressor stored(libdeflate_alloc_compressor(0));
-  thread_local Compressor compressed(libdeflate_alloc_compressor(kGzipLevel));
+  thread_local DeflateCompressor stored(libdeflate_alloc_compressor(0));
+  thread_local DeflateCompressor compressed(libdeflate_alloc_compressor(kGzipLevel));
   libdeflate_compressor* c = level == 0 ? stored.get() : compressed.get();
   if (c == nullptr) return absl::ResourceExhaustedError("gzip: out of memory");
   std::string out;

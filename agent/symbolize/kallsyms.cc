@@ -1,14 +1,12 @@
 #include "agent/symbolize/kallsyms.h"
 
 #include <fcntl.h>
-#include <libdeflate.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <limits>
-#include <memory>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -16,6 +14,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "agent/util/libdeflate.h"
 #include "agent/util/status.h"
 
 namespace parascope::symbolize {
@@ -121,24 +120,29 @@ class Kallsyms::Builder {
       if (a.address != b.address) return a.address < b.address;
       return a.global && !b.global;
     });
-    std::vector<const Parsed*> kept;
-    kept.reserve(parsed_.size());
-    for (const Parsed& p : parsed_) {
-      if (!kept.empty() && kept.back()->address == p.address) continue;
-      kept.push_back(&p);
-    }
     Kallsyms& r = result_;
-    r.addresses_.reserve(kept.size());
-    struct FreeCompressor {
-      void operator()(libdeflate_compressor* c) const { libdeflate_free_compressor(c); }
-    };
+    r.addresses_.reserve(parsed_.size());
     // Level 6 (libdeflate's default): 3 MB of a 6.x kernel's names in about 60 ms, 4.4x smaller.
-    std::unique_ptr<libdeflate_compressor, FreeCompressor> compressor(
-        libdeflate_alloc_compressor(6));
+    DeflateCompressor compressor(libdeflate_alloc_compressor(6));
     if (compressor == nullptr) return absl::ResourceExhaustedError("kallsyms: out of memory");
     std::string block, out;
-    for (size_t i = 0; i < kept.size(); ++i) {
-      const Parsed& p = *kept[i];
+    auto flush = [&]() -> absl::Status {
+      out.resize(libdeflate_deflate_compress_bound(compressor.get(), block.size()));
+      const size_t n = libdeflate_deflate_compress(compressor.get(), block.data(), block.size(),
+                                                   out.data(), out.size());
+      if (n == 0) return absl::InternalError("kallsyms: names larger than DEFLATE's bound");
+      if (r.packed_.size() + n > std::numeric_limits<uint32_t>::max()) {
+        return absl::InvalidArgumentError("kallsyms: names exceed 4 GiB");
+      }
+      r.block_offsets_.push_back(static_cast<uint32_t>(r.packed_.size()));
+      r.packed_.append(out.data(), n);
+      r.max_block_bytes_ = std::max<uint32_t>(r.max_block_bytes_, block.size());
+      block.clear();
+      return absl::OkStatus();
+    };
+    for (const Parsed& p : parsed_) {
+      if (!r.addresses_.empty() && r.addresses_.back() == p.address) continue;  // one per address
+      const size_t i = r.addresses_.size();
       r.addresses_.push_back(p.address);
       if (r.module_runs_.empty() || r.module_runs_.back().second != p.module) {
         r.module_runs_.emplace_back(static_cast<uint32_t>(i), p.module);
@@ -147,20 +151,9 @@ class Kallsyms::Builder {
       if (p.module == 0 && name == "_etext" && r.etext_index_ == SIZE_MAX) r.etext_index_ = i;
       block.append(name.data(), name.size());
       block.push_back('\0');
-      if ((i + 1) % kNamesPerBlock == 0 || i + 1 == kept.size()) {
-        out.resize(libdeflate_deflate_compress_bound(compressor.get(), block.size()));
-        const size_t n = libdeflate_deflate_compress(compressor.get(), block.data(), block.size(),
-                                                     out.data(), out.size());
-        if (n == 0) return absl::InternalError("kallsyms: names larger than DEFLATE's bound");
-        if (r.packed_.size() + n > std::numeric_limits<uint32_t>::max()) {
-          return absl::InvalidArgumentError("kallsyms: names exceed 4 GiB");
-        }
-        r.block_offsets_.push_back(static_cast<uint32_t>(r.packed_.size()));
-        r.packed_.append(out.data(), n);
-        r.max_block_bytes_ = std::max<uint32_t>(r.max_block_bytes_, block.size());
-        block.clear();
-      }
+      if ((i + 1) % kNamesPerBlock == 0) PS_RETURN_IF_ERROR(flush());
     }
+    if (!block.empty()) PS_RETURN_IF_ERROR(flush());
     r.block_offsets_.push_back(static_cast<uint32_t>(r.packed_.size()));
     std::vector<Parsed>().swap(parsed_);
     std::string().swap(names_);
@@ -207,11 +200,7 @@ size_t Kallsyms::memory_bytes() const {
 }
 
 std::string Kallsyms::NameOf(size_t index) const {
-  struct FreeDecompressor {
-    void operator()(libdeflate_decompressor* d) const { libdeflate_free_decompressor(d); }
-  };
-  thread_local std::unique_ptr<libdeflate_decompressor, FreeDecompressor> decompressor(
-      libdeflate_alloc_decompressor());
+  thread_local DeflateDecompressor decompressor(libdeflate_alloc_decompressor());
   if (decompressor == nullptr) return "";
   const size_t b = index / kNamesPerBlock;
   std::string block(max_block_bytes_, '\0');
