@@ -8,7 +8,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -138,8 +140,10 @@ uint64_t ThreadEffective(pid_t tid) {
 }
 
 // Applies `data` (and lowers the ambient capabilities in drop_ambient) in every other thread.
-// Threads started meanwhile inherit from a thread that already dropped, or are caught by the
-// next pass (at most 5). Internal when a thread refuses or does not answer within 2 s.
+// A thread can start meanwhile from one that has not dropped yet (cpp-httplib's listen thread
+// starts its worker pool after Start() returned): it is signalled as soon as it is seen, since
+// each listing of the threads signals the ones still holding that were not signalled before.
+// Internal when a thread refuses or does not answer within 2 s.
 absl::Status ApplyInOtherThreads(const __user_cap_data_struct data[2], uint64_t drop_ambient) {
   const int sig = SIGRTMIN + 2;  // glibc keeps SIGRTMIN-2 and SIGRTMIN-1 for itself
   Broadcast& b = *g_broadcast;
@@ -162,16 +166,27 @@ absl::Status ApplyInOtherThreads(const __user_cap_data_struct data[2], uint64_t 
     }
     return out;
   };
-  for (int pass = 0; pass < 5; ++pass) {
+  // Polled on the threads themselves, not on answers counted: a thread that exits before its
+  // handler runs (start-up helpers do) would otherwise cost the whole wait. Every 100 ms the
+  // threads still holding are signalled again (a tid reused by a new thread; the handler is
+  // idempotent), at most 2 s in all.
+  std::vector<pid_t> signalled;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  auto last_round = std::chrono::steady_clock::now();
+  for (;;) {
     const std::vector<pid_t> holding = holding_threads();
     if (holding.empty()) break;
-    for (pid_t tid : holding) (void)syscall(SYS_tgkill, getpid(), tid, sig);
-    // Polled on the threads themselves, not on answers counted: a thread that exits before its
-    // handler runs (start-up helpers do) would otherwise cost the whole wait. At most 2 s.
-    for (int i = 0; i < 2000 && !holding_threads().empty(); ++i) {
-      timespec ms{0, 1000000};
-      nanosleep(&ms, nullptr);
+    const auto now = std::chrono::steady_clock::now();
+    if (now > deadline) break;
+    const bool again = now - last_round >= std::chrono::milliseconds(100);
+    if (again) last_round = now;
+    for (pid_t tid : holding) {
+      const bool seen = std::find(signalled.begin(), signalled.end(), tid) != signalled.end();
+      if (!seen) signalled.push_back(tid);
+      if (!seen || again) (void)syscall(SYS_tgkill, getpid(), tid, sig);
     }
+    timespec one_ms{0, 1000000};
+    nanosleep(&one_ms, nullptr);
   }
   // Only what the threads hold now counts.
   const int holding = static_cast<int>(holding_threads().size());

@@ -6,11 +6,13 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
@@ -460,6 +462,81 @@ TEST_CASE("capabilities: the unit's set is what a non-root agent needs, each one
 // Acceptance 4 (readiness): under Type=notify the agent sends READY=1 on $NOTIFY_SOCKET once its
 // programs are attached and its capabilities dropped, and STOPPING=1 when a stop signal comes;
 // nothing else. The socket is a real AF_UNIX datagram socket, as systemd's is (sd_notify(3)).
+// After attaching, the agent drops its capabilities in every thread, including threads started
+// during the drop by a thread that had not dropped yet (cpp-httplib's listen thread starts its
+// worker pool so). Here thread A holds the broadcast signal blocked, starts thread B once that
+// signal is pending for it (the drop has listed the threads), then unblocks: both must end up without the dropped capabilities,
+// and the drop must not wait out its 2 s limit for B (it did, delaying the first window). Run
+// in a child process, which gives up capabilities the test process still needs.
+TEST_CASE("capabilities: a thread started during the drop is dropped too, without waiting it out",
+          "[root]") {
+  if (!RequireRoot()) return;
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    auto effective = [](pid_t tid) {
+      __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, static_cast<int>(tid)};
+      __user_cap_data_struct data[2] = {};
+      if (syscall(SYS_capget, &hdr, data) != 0) return ~uint64_t{0};
+      return data[0].effective | (uint64_t{data[1].effective} << 32);
+    };
+    const pid_t main_tid = static_cast<pid_t>(syscall(SYS_gettid));
+    const uint64_t before = effective(main_tid);
+    std::atomic<pid_t> tid_a{0}, tid_b{0};
+    std::atomic<bool> a_ready{false}, done{false};
+    std::thread a([&] {
+      tid_a = static_cast<pid_t>(syscall(SYS_gettid));
+      sigset_t rt;
+      sigemptyset(&rt);
+      sigaddset(&rt, SIGRTMIN + 2);
+      pthread_sigmask(SIG_BLOCK, &rt, nullptr);
+      a_ready = true;
+      // Signalled: the drop has listed the threads, and B is not among them.
+      for (;;) {
+        sigset_t pending;
+        sigpending(&pending);
+        if (sigismember(&pending, SIGRTMIN + 2)) break;
+        std::this_thread::yield();
+      }
+      std::thread b([&] {
+        sigset_t rt_b;
+        sigemptyset(&rt_b);
+        sigaddset(&rt_b, SIGRTMIN + 2);
+        pthread_sigmask(SIG_UNBLOCK, &rt_b, nullptr);
+        tid_b = static_cast<pid_t>(syscall(SYS_gettid));
+        while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      });
+      while (tid_b == 0) std::this_thread::yield();
+      pthread_sigmask(SIG_UNBLOCK, &rt, nullptr);
+      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      b.join();
+    });
+    while (!a_ready) std::this_thread::yield();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::string> dropped;
+    const absl::Status s = DropCapabilitiesAfterAttach(&dropped);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - t0)
+                        .count();
+    const uint64_t after = effective(main_tid);
+    const bool ok = s.ok() && !dropped.empty() && tid_b != 0 && effective(tid_a) == after &&
+                    effective(tid_b) == after && after != before;
+    fprintf(stderr, "drop: %s, %zu dropped, %lld ms, main %llx, A %llx, B %llx\n",
+            s.ToString().c_str(), dropped.size(), static_cast<long long>(ms),
+            static_cast<unsigned long long>(after),
+            static_cast<unsigned long long>(effective(tid_a)),
+            static_cast<unsigned long long>(tid_b != 0 ? effective(tid_b) : 0));
+    done = true;
+    a.join();
+    _exit(!ok ? 1 : ms >= 1000 ? 2 : 0);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  INFO("1: a thread kept capabilities to drop, 2: the drop waited 1 s or more (stderr above)");
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
 TEST_CASE("readiness: READY=1 after attaching, STOPPING=1 on SIGTERM, on $NOTIFY_SOCKET",
           "[root][e2e]") {
   if (!RequireRoot()) return;
@@ -596,7 +673,8 @@ TEST_CASE("signals: SIGHUP loses no window, SIGUSR1 and SIGQUIT flush and stop",
     REQUIRE(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
     std::set<int64_t> w = Windows(out.path(), work.pid);
-    INFO("signal " << stop_signal << ", windows " << w.size() << ", whole before it " << whole);
+    INFO("signal " << stop_signal << ", windows " << w.size() << ", whole before it " << whole
+                   << ", starts (ms) " << absl::StrJoin(w, " "));
     REQUIRE(w.size() >= whole + 1);  // the flushed partial window
     // No window missing: consecutive starts about 1 s apart (a window starts when the previous
     // one was cut, later than its nominal end on a busy machine), never 2 s.
