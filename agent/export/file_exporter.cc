@@ -70,6 +70,19 @@ absl::Status FileExporter::MakeDir(const std::string& rel) {
   return absl::OkStatus();
 }
 
+void FileExporter::EndWindow(absl::Time now) {
+  if (dir_fd_ >= 0) {
+    struct stat open_st {}, path_st {};
+    if (fstat(dir_fd_, &open_st) != 0 || stat(dir_.c_str(), &path_st) != 0 ||
+        open_st.st_dev != path_st.st_dev || open_st.st_ino != path_st.st_ino) {
+      close(dir_fd_);
+      dir_fd_ = -1;
+      made_dirs_.clear();
+    }
+  }
+  if (retention_.enabled()) retention_.Expire(now);
+}
+
 absl::Status FileExporter::Export(const ProcessProfile& p) {
   const std::string rel_dir = RelativeDirFor(p);
   PS_RETURN_IF_ERROR(MakeDir(rel_dir));

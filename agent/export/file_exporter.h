@@ -37,10 +37,11 @@ class FileExporter : public Exporter {
   absl::Status Start(absl::Time now) {
     return retention_.enabled() ? retention_.Scan(now) : absl::OkStatus();
   }
-  // After each window: deletes the windows older than --output-max-age.
-  void EndWindow(absl::Time now) {
-    if (retention_.enabled()) retention_.Expire(now);
-  }
+  // After each window: deletes the windows older than --output-max-age, and notices that DIR
+  // was replaced (`mv DIR DIR.old && mkdir DIR`, or removed): the descriptor of the old one is
+  // dropped, so the next window is written to the path DIR names (stat(2) st_dev/st_ino of the
+  // open descriptor and of the path differ).
+  void EndWindow(absl::Time now);
   // Thread-safe.
   RetentionStats retention_stats() const { return retention_.stats(); }
   bool retention_enabled() const { return retention_.enabled(); }

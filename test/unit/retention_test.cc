@@ -75,7 +75,7 @@ ProcessProfile MakeProfile(uint32_t tgid, int64_t t0_ms, size_t bytes, std::mt19
 
 // The file exporter alone (no retention): the SPEC layout, the profile byte-exact after a
 // gunzip, no .tmp left behind, and a directory removed under it (the whole root) made again.
-TEST_CASE("file exporter: the SPEC layout, byte-exact content, and a removed root made again",
+TEST_CASE("file exporter: the SPEC layout, byte-exact content, a removed or replaced root made again",
           "[unit]") {
   TempDir tmp;
   const std::string root = tmp.path() + "/out";
@@ -113,11 +113,23 @@ TEST_CASE("file exporter: the SPEC layout, byte-exact content, and a removed roo
   REQUIRE(again.ok());
   CHECK(again->SerializeAsString() == q.profile.SerializeAsString());
   CHECK(Measure(root).files == 1);
+  // The root is moved aside and made again (`mv out out.old && mkdir out`): after the window,
+  // profiles go to the new root, with their process directories made again.
+  fs::rename(root, root + ".old");
+  fs::create_directory(root);
+  exporter.EndWindow(absl::Now());
+  ProcessProfile moved = MakeProfile(4242, 1700000020000, 200, &rng);
+  REQUIRE(exporter.Export(moved).ok());
+  auto moved_back = ParseMaybeGzip(read(exporter.PathFor(moved)));
+  REQUIRE(moved_back.ok());
+  CHECK(moved_back->SerializeAsString() == moved.profile.SerializeAsString());
+  CHECK(Measure(root).files == 1);
+  CHECK(Measure(root + ".old").files == 1);
   // A root that cannot be made: an error naming the path, nothing written.
-  FileExporter blocked(root + "/4242/4242.1/process_cpu-1700000015000.pb.gz/sub");
+  FileExporter blocked(exporter.PathFor(moved) + "/sub");
   absl::Status s = blocked.Export(q);
   CHECK_FALSE(s.ok());
-  CHECK(absl::StrContains(s.message(), "process_cpu-1700000015000.pb.gz"));
+  CHECK(absl::StrContains(s.message(), "process_cpu-1700000020000.pb.gz"));
 }
 
 }  // namespace
