@@ -72,7 +72,8 @@ absl::Status FileExporter::MakeDir(const std::string& rel) {
 
 void FileExporter::EndWindow(absl::Time now) {
   if (dir_fd_ >= 0) {
-    struct stat open_st {}, path_st {};
+    struct stat open_st {};
+    struct stat path_st {};
     if (fstat(dir_fd_, &open_st) != 0 || stat(dir_.c_str(), &path_st) != 0 ||
         open_st.st_dev != path_st.st_dev || open_st.st_ino != path_st.st_ino) {
       close(dir_fd_);

@@ -465,9 +465,10 @@ TEST_CASE("capabilities: the unit's set is what a non-root agent needs, each one
 // After attaching, the agent drops its capabilities in every thread, including threads started
 // during the drop by a thread that had not dropped yet (cpp-httplib's listen thread starts its
 // worker pool so). Here thread A holds the broadcast signal blocked, starts thread B once that
-// signal is pending for it (the drop has listed the threads), then unblocks: both must end up without the dropped capabilities,
-// and the drop must not wait out its 2 s limit for B (it did, delaying the first window). Run
-// in a child process, which gives up capabilities the test process still needs.
+// signal is pending for it (the drop has listed the threads), then unblocks: both must end up
+// without the dropped capabilities, and the drop must not wait out its 2 s limit for B (it did,
+// delaying the first window). Run in a child process, which gives up capabilities the test process
+// still needs.
 TEST_CASE("capabilities: a thread started during the drop is dropped too, without waiting it out",
           "[root]") {
   if (!RequireRoot()) return;
@@ -515,9 +516,9 @@ TEST_CASE("capabilities: a thread started during the drop is dropped too, withou
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::string> dropped;
     const absl::Status s = DropCapabilitiesAfterAttach(&dropped);
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::steady_clock::now() - t0)
-                        .count();
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     const uint64_t after = effective(main_tid);
     const bool ok = s.ok() && !dropped.empty() && tid_b != 0 && effective(tid_a) == after &&
                     effective(tid_b) == after && after != before;

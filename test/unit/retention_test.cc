@@ -75,8 +75,9 @@ ProcessProfile MakeProfile(uint32_t tgid, int64_t t0_ms, size_t bytes, std::mt19
 
 // The file exporter alone (no retention): the SPEC layout, the profile byte-exact after a
 // gunzip, no .tmp left behind, and a directory removed under it (the whole root) made again.
-TEST_CASE("file exporter: the SPEC layout, byte-exact content, a removed or replaced root made again",
-          "[unit]") {
+TEST_CASE(
+    "file exporter: the SPEC layout, byte-exact content, a removed or replaced root made again",
+    "[unit]") {
   TempDir tmp;
   const std::string root = tmp.path() + "/out";
   FileExporter exporter(root);
