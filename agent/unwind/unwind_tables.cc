@@ -516,11 +516,20 @@ void UnwindTables::SweepExited() {
   absl::flat_hash_set<uint32_t> listed;
   DIR* dir = opendir(proc_root_.c_str());
   if (dir == nullptr) return;  // keep everything: nothing is known to be gone
-  while (const dirent* e = readdir(dir)) {
+  // readdir(3) returns null at the end and on an error, telling them apart by errno only: a
+  // listing cut short by an error would call every process after the cut gone.
+  for (;;) {
+    errno = 0;
+    const dirent* e = readdir(dir);
+    if (e == nullptr) {
+      const bool failed = errno != 0;
+      closedir(dir);
+      if (failed) return;  // keep everything, as above
+      break;
+    }
     uint32_t tgid;
     if (absl::SimpleAtoi(e->d_name, &tgid)) listed.insert(tgid);
   }
-  closedir(dir);
   const bool verify = ++sweeps_ % kVerifyEverySweeps == 0;
   for (auto it = processes_.begin(); it != processes_.end();) {
     bool gone = !listed.contains(it->first);
