@@ -75,6 +75,9 @@ class DwarfFile {
   // costs tens of ms for a large debug file such as libc6-dbg's. 0: not measured yet.
   int64_t open_cost_ns() const { return open_cost_ns_; }
   void set_open_cost_ns(int64_t ns) { open_cost_ns_ = ns; }
+  // When (monotonic ns) the caller first deferred reopening this closed file; 0: not waiting.
+  int64_t deferred_since_ns() const { return deferred_since_ns_; }
+  void set_deferred_since_ns(int64_t ns) { deferred_since_ns_ = ns; }
   DwarfFile& operator=(const DwarfFile&) = delete;
 
   // The functions at ELF virtual address `vaddr` (as ElfFile::FileOffsetToVaddr gives it),
@@ -130,6 +133,7 @@ class DwarfFile {
   std::string process_dir_;
   std::string reopen_path_;
   int64_t open_cost_ns_ = 0;
+  int64_t deferred_since_ns_ = 0;
   DebugSearch search_;
   std::string awaiting_debuginfod_;  // build id asked for, lowercase hex
   bool has_dwarf_ = false;

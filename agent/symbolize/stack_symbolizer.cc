@@ -199,10 +199,18 @@ symbolize::CachedSymbol StackSymbolizer::Lookup(const proc::ProcessKey& process,
       // first one and deferring the rest (measured, 200 idle processes: 80 ms of a 100 ms
       // window's symbolization went to reopening libc's debug file for one address).
       const bool reopen = dw != nullptr && dw->closed() && dw->Cached(vaddr) == nullptr;
-      if (reopen && !MayReopenDwarf(dwarf_tokens_ns_, dwarf_burst_ns_, dw->open_cost_ns())) {
-        ++stats_.dwarf_deferred;
-        *cacheable = false;
-        dw = nullptr;
+      if (reopen) {
+        const int64_t waited =
+            dw->deferred_since_ns() == 0 ? 0 : window_start_ns_ - dw->deferred_since_ns();
+        if (MayReopenDwarf(dwarf_tokens_ns_, dwarf_burst_ns_, dw->open_cost_ns(), waited,
+                           dwarf_refill_ns_per_s_)) {
+          dw->set_deferred_since_ns(0);
+        } else {
+          if (dw->deferred_since_ns() == 0) dw->set_deferred_since_ns(window_start_ns_);
+          ++stats_.dwarf_deferred;
+          *cacheable = false;
+          dw = nullptr;
+        }
       }
       const bool opening = dw != nullptr && (reopen || dw->open_cost_ns() == 0);
       const bool has_dwarf = dw != nullptr && dw->HasDwarf();  // runs the debug file search
@@ -216,7 +224,13 @@ symbolize::CachedSymbol StackSymbolizer::Lookup(const proc::ProcessKey& process,
       }
       if (dw != nullptr && (sym == nullptr || has_dwarf)) {
         const std::vector<symbolize::SourceFrame>& frames = dw->Symbolize(vaddr);
-        if (opening) dw->set_open_cost_ns(std::max<int64_t>(1, ThreadCpuNow() - t0));
+        if (dw->closed()) {
+          // The attach failed (the binary replaced or gone meanwhile): no opening to measure,
+          // and a result made without DWARF, named from the ELF symbol table this window.
+          *cacheable = false;
+        } else if (opening) {
+          dw->set_open_cost_ns(std::max<int64_t>(1, ThreadCpuNow() - t0));
+        }
         if (!frames.empty()) {
           auto lines = std::make_shared<symbolize::FrameLines>();
           lines->reserve(frames.size());

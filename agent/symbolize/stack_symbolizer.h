@@ -90,9 +90,17 @@ class StackSymbolizer {
   // Whether a bucket holding tokens_ns (of burst_ns) may reopen a binary whose last opening
   // cost open_cost_ns (DwarfFile::open_cost_ns; 0 = unknown): it must hold twice that, or be
   // full when twice that exceeds the burst, so the opening leaves as much again for the
-  // addresses that waited for it.
-  static bool MayReopenDwarf(int64_t tokens_ns, int64_t burst_ns, int64_t open_cost_ns) {
-    return tokens_ns > 0 && tokens_ns >= std::min(burst_ns, 2 * open_cost_ns);
+  // addresses that waited for it. A binary deferred for waited_ns already, as long as the
+  // bucket takes to refill twice its opening (refill_ns_per_s), goes with any tokens left: the
+  // bucket runs into debt, which its refill repays before other DWARF work, so the average rate
+  // holds and an expensive file is not deferred forever by cheaper work draining the bucket.
+  static bool MayReopenDwarf(int64_t tokens_ns, int64_t burst_ns, int64_t open_cost_ns,
+                             int64_t waited_ns = 0, int64_t refill_ns_per_s = 0) {
+    if (tokens_ns <= 0) return false;
+    if (tokens_ns >= std::min(burst_ns, 2 * open_cost_ns)) return true;
+    return refill_ns_per_s > 0 &&
+           static_cast<double>(waited_ns) * 1e-9 * static_cast<double>(refill_ns_per_s) >=
+               2.0 * static_cast<double>(open_cost_ns);
   }
   // --symbolize=server: user frames of ELF files are left for the server (Pyroscope's
   // symbolizer, debuginfod): their Locations carry the ELF virtual address of the looked-up pc

@@ -81,6 +81,13 @@ TEST_CASE("DWARF: a closed debug file is reopened only when the bucket pays twic
   // An opening dearer than half the burst waits for a full bucket.
   CHECK(R::MayReopenDwarf(250, 250, 200));
   CHECK_FALSE(R::MayReopenDwarf(249, 250, 200));
+  // Deferred as long as the refill takes for twice its opening (2 x 200 ms at 2 ms/s: 200 s):
+  // any tokens will do, the bucket goes into debt.
+  const int64_t ms = 1000000, s = 1000000000;
+  CHECK_FALSE(R::MayReopenDwarf(1, 250 * ms, 200 * ms, 199 * s, 2 * ms));
+  CHECK(R::MayReopenDwarf(1, 250 * ms, 200 * ms, 200 * s, 2 * ms));
+  CHECK_FALSE(R::MayReopenDwarf(0, 250 * ms, 200 * ms, 1000 * s, 2 * ms));
+  CHECK_FALSE(R::MayReopenDwarf(1, 250 * ms, 200 * ms, 1000 * s, 0));  // no refill: never
 
   // And in use: this binary's debug sections are opened for one address, closed at the window's
   // end (DwarfCache::EndWindow), and reopened for a new address in the next window, whose line
