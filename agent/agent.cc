@@ -332,6 +332,12 @@ class AgentMetrics {
                   "CPU time spent reading new process images and loading their unwind tables, "
                   "in seconds (what that budget paid).",
                   [](const auto& s) { return s.exec_snapshot_cpu_ns / 1e9; });
+    unwind_scalar(MetricType::kCounter, "parascope_process_snapshot_work_forgiven_seconds_total",
+                  "Of parascope_process_snapshot_work_seconds_total, the CPU time the budget did "
+                  "not charge: its debt stops at one burst (250 ms), so a single expensive load "
+                  "(a big new file's unwind table) does not shed new images for minutes after "
+                  "it. What new-image work cost beyond the budget's rate, in seconds.",
+                  [](const auto& s) { return s.exec_forgiven_cpu_ns / 1e9; });
     unwind_scalar(MetricType::kCounter, "parascope_unwind_table_build_seconds_total",
                   "Time spent building unwind tables, in seconds.",
                   [](const auto& s) { return s.build_ns / 1e9; });

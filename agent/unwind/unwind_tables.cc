@@ -653,6 +653,7 @@ UnwindTableStats UnwindService::stats() const {
   }
   s.exec_snapshots_shed = exec_shed_.load(std::memory_order_relaxed);
   s.exec_snapshot_cpu_ns = exec_cpu_ns_.load(std::memory_order_relaxed);
+  s.exec_forgiven_cpu_ns = exec_forgiven_ns_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -683,6 +684,11 @@ void UnwindService::ChargeExec(int64_t spent_ns) {
   int64_t have = exec_tokens_ns_.load(std::memory_order_relaxed);
   while (!exec_tokens_ns_.compare_exchange_weak(have,
                                                 std::max(-kExecBurstNs, have - spent_ns))) {
+  }
+  const int64_t forgiven = -kExecBurstNs - (have - spent_ns);  // > 0: below the floor
+  if (forgiven > 0) {
+    exec_forgiven_ns_.fetch_add(static_cast<uint64_t>(std::min(forgiven, spent_ns)),
+                                std::memory_order_relaxed);
   }
   exec_cpu_ns_.fetch_add(spent_ns, std::memory_order_relaxed);
 }

@@ -551,9 +551,9 @@ int AttachedMetricsPort(Child* agent) {
   while (agent->ReadStderrLine(&line, 60)) {
     std::smatch m;
     if (std::regex_search(line, m, MetricsPortRe())) port = std::stoi(m[1]);
-    if (absl::StrContains(line, "attached:")) break;
+    if (absl::StrContains(line, "attached:")) return port;
   }
-  return port;
+  return 0;  // exited or timed out before attaching
 }
 
 double MetricValue(const std::string& text, const std::string& series) {

@@ -124,7 +124,7 @@ std::string Scrape(int port);
 // it; 0 if there is none.
 int MetricsPort(const std::string& agent_stderr);
 // Reads the agent's stderr up to its "attached:" line (at most 60 s per line) and returns the
-// port of the "serving /metrics" line before it; 0 if there was none.
+// port of the "serving /metrics" line before it; 0 if there was none, or no "attached:" line.
 int AttachedMetricsPort(Child* agent);
 
 // Files under dir matching "<dir>/<pid>/<start ticks>.<exec id>/<prefix>*.pb.gz" (pid 0 = any).

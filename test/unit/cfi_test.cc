@@ -502,24 +502,39 @@ TEST_CASE("unwind: a sweep forgets unlisted processes at once, reused pids withi
   char dir_template[] = "/tmp/parascope_procroot_XXXXXX";
   REQUIRE(mkdtemp(dir_template) != nullptr);
   const std::string root = dir_template;
-  auto child = [] {
+  // The children are killed and reaped, and the root removed, however the test ends.
+  struct Cleanup {
+    std::string root;
+    std::vector<pid_t> children;
+    ~Cleanup() {
+      for (pid_t pid : children) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+      }
+      std::error_code ec;
+      std::filesystem::remove_all(root, ec);
+    }
+  } cleanup{root, {}};
+  auto child = [&] {
     pid_t pid = fork();
     if (pid == 0) {
       execl("/bin/sleep", "sleep", "100", nullptr);
       _exit(127);
     }
+    if (pid > 0) cleanup.children.push_back(pid);
     return pid;
   };
   const pid_t a = child(), b = child();
   REQUIRE(a > 0);
   REQUIRE(b > 0);
   // Fake tgids 100 (a) and 200 (b), read once each has exec'd (its comm is "sleep").
-  for (int i = 0; i < 1000; ++i) {
-    auto ca = proc::ReadFileToString(absl::StrCat("/proc/", a, "/comm"));
-    auto cb = proc::ReadFileToString(absl::StrCat("/proc/", b, "/comm"));
-    if (ca.ok() && cb.ok() && *ca == "sleep\n" && *cb == "sleep\n") break;
-    usleep(10000);
-  }
+  auto execd = [](pid_t pid) {
+    auto comm = proc::ReadFileToString(absl::StrCat("/proc/", pid, "/comm"));
+    return comm.ok() && *comm == "sleep\n";
+  };
+  for (int i = 0; i < 1000 && !(execd(a) && execd(b)); ++i) usleep(10000);
+  REQUIRE(execd(a));
+  REQUIRE(execd(b));
   REQUIRE(symlink(absl::StrCat("/proc/", a).c_str(), (root + "/100").c_str()) == 0);
   REQUIRE(symlink(absl::StrCat("/proc/", b).c_str(), (root + "/200").c_str()) == 0);
   FakeMaps maps(1 << 20, 1024);
@@ -540,11 +555,6 @@ TEST_CASE("unwind: a sweep forgets unlisted processes at once, reused pids withi
   tables.SweepExited();
   CHECK(tables.stats().processes == 0);
   CHECK(maps.procs_.empty());
-  kill(a, SIGKILL);
-  kill(b, SIGKILL);
-  waitpid(a, nullptr, 0);
-  waitpid(b, nullptr, 0);
-  std::filesystem::remove_all(root);
 }
 
 }  // namespace parascope::unwind
