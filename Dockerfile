@@ -1,6 +1,7 @@
 # parascope's container image, two stages: the agent is built on Debian 12 with the project's own
 # setup script, and the runtime stage holds Debian 12 minbase plus exactly the packages that own
-# the shared libraries the binary loads (scripts/runtime-packages derives them with ldd).
+# the shared libraries the binary loads (scripts/runtime-packages derives them with ldd; plus
+# libdebuginfod.so.1, which it loads with dlopen for --debuginfod-urls).
 #
 #   sudo make image        podman build --isolation chroot from a local debootstrap base (no
 #                          Docker engine, no registry): localhost/parascope:latest
@@ -23,7 +24,7 @@ RUN rm -rf build \
  && cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo \
  && cmake --build build -j"$(nproc)" --target parascope \
  && strip --strip-debug build/bin/parascope \
- && bash scripts/runtime-packages build/bin/parascope > /runtime-packages
+ && bash scripts/runtime-packages build/bin/parascope libdebuginfod.so.1 > /runtime-packages
 
 FROM ${BASE}
 COPY --from=build /runtime-packages /usr/share/parascope/runtime-packages

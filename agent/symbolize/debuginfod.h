@@ -75,6 +75,8 @@ struct DebuginfodStats {
 // DEBUGINFOD_CACHE_PATH, DEBUGINFOD_TIMEOUT and DEBUGINFOD_MAXSIZE are read by each
 // debuginfod_find_* call). Create therefore setenv(3)s them, which is only safe before other
 // threads run: create it first, and have one at a time per process.
+// The library Create loads (dlopen(3)); the agent does not link it (debuginfod.cc).
+inline constexpr char kLibDebuginfodSoname[] = "libdebuginfod.so.1";
 // Marker file Create puts in the cache directory (and requires there when it is not empty).
 inline constexpr char kCacheMarker[] = ".parascope-debuginfod-cache";
 
@@ -82,8 +84,8 @@ class Debuginfod {
  public:
   // Creates the cache directory, sets libdebuginfod's environment, starts the thread (which first
   // scans the cache and applies the size bound). Errors: InvalidArgument for empty urls or a
-  // relative cache_dir, the mkdir(2) errno as a status when the cache cannot be created,
-  // Internal when debuginfod_begin fails.
+  // relative cache_dir, FailedPrecondition when libdebuginfod.so.1 cannot be loaded, the mkdir(2)
+  // errno as a status when the cache cannot be created, and debuginfod_begin's errno when it fails.
   static absl::StatusOr<std::unique_ptr<Debuginfod>> Create(DebuginfodOptions options);
   // Stops the thread: a transfer in progress is aborted within about a second (libdebuginfod
   // polls its progress callback once a second, and a non-zero return aborts).

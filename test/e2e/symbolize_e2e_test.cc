@@ -452,6 +452,24 @@ TEST_CASE("debuginfod: a stripped binary's debug file fetched in the background 
   REQUIRE(work->ReadStdoutLine(&line));
   REQUIRE(absl::StartsWith(line, "ready "));
   const int pid = std::stoi(line.substr(6));
+  // libdebuginfod is loaded for --debuginfod-urls only (dlopen(3): its closure of libcurl,
+  // GnuTLS, Kerberos and LDAP held 3.7 MiB of RSS when linked).
+  auto maps_of = [](int agent_pid) {
+    std::ifstream in("/proc/" + std::to_string(agent_pid) + "/maps");
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  {
+    TempDir plain_out;
+    Child plain({PS_AGENT_BIN, absl::StrCat("--pid=", pid), "--output-dir=" + plain_out.path(),
+                 "--http-address=127.0.0.1:0", "--profiles=cpu", "--duration=60s"});
+    REQUIRE(AttachedMetricsPort(&plain) > 0);
+    const std::string maps = maps_of(plain.pid());
+    REQUIRE(absl::StrContains(maps, "libdw"));  // the maps were read
+    CHECK_FALSE(absl::StrContains(maps, "libdebuginfod"));
+    CHECK_FALSE(absl::StrContains(maps, "libcurl"));
+    kill(plain.pid(), SIGTERM);
+    CHECK(plain.Wait(30) == 0);
+  }
   TempDir out;
   std::vector<std::string> argv = {
       PS_AGENT_BIN, absl::StrCat("--pid=", pid), "--output-dir=" + out.path(),
@@ -463,6 +481,7 @@ TEST_CASE("debuginfod: a stripped binary's debug file fetched in the background 
   const int http_port = AttachedMetricsPort(&agent);
   INFO("agent stderr:\n" << agent.stderr_text());
   REQUIRE(http_port > 0);
+  CHECK(absl::StrContains(maps_of(agent.pid()), "/libdebuginfod"));
   work->WriteStdin("go\n");
 
   // Each window's profile in window order, until one names the workload's function and one more
