@@ -367,8 +367,8 @@ void Debuginfod::Run() {
     deadline_mono_ns_ = MonotonicNowNs() + absl::ToInt64Nanoseconds(options_.fetch_timeout);
     char* found = nullptr;
     // build_id_len 0: the id is a lowercase hex string (debuginfod_find_debuginfo(3)).
-    const int rc = Lib().find_debuginfo(
-        client_, reinterpret_cast<const unsigned char*>(id.c_str()), 0, &found);
+    const int rc = Lib().find_debuginfo(client_, reinterpret_cast<const unsigned char*>(id.c_str()),
+                                        0, &found);
     std::string path = found != nullptr ? found : "";
     free(found);
     if (rc >= 0) close(rc);

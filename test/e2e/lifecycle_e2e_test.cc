@@ -674,8 +674,7 @@ TEST_CASE("lifecycle e2e: process churn past the new-process budget is shed and 
   FIGURES(kProcesses << " processes in " << churn_s << " s: " << read << " images read, " << shed
                      << " shed, " << gone << " gone first; new-process work " << work_s
                      << " s of CPU (" << forgiven_s << " s of it forgiven) in the agent's "
-                     << uptime_s << " s; " << windows
-                     << " windows");
+                     << uptime_s << " s; " << windows << " windows");
   CHECK(shed > 0);
   // Every exec'd image was read, shed, or gone before its turn (a few may go unseen: superseded
   // by a quicker exec).
