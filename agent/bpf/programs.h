@@ -137,6 +137,8 @@ class BpfPrograms : public WindowSource {
 
   std::unique_ptr<unwind::UnwindService> unwinder_;
   struct ring_buffer* unwind_events_ = nullptr;
+  int unwind_wake_fd_ = -1;   // eventfd: wakes the unwinder's poll thread (Stop)
+  int unwind_epoll_fd_ = -1;  // the ring buffer's epoll fd and unwind_wake_fd_
   std::unique_ptr<const std::function<void(const ps_unwind_event&)>*> unwind_events_slot_;
   oncpu_bpf* oncpu_ = nullptr;
   bpf_program* sampler_ = nullptr;  // the perf_event program loaded: ps_on_cpu_sample[_vma]

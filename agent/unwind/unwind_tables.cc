@@ -563,9 +563,11 @@ void UnwindTables::LoadAll() {
 // ---- UnwindService ----
 
 UnwindService::UnwindService(std::unique_ptr<UnwindMaps> maps, Poller poll,
-                             std::string proc_root, proc::ProcessTable* processes)
+                             std::string proc_root, proc::ProcessTable* processes,
+                             std::function<void()> wake)
     : maps_(std::move(maps)),
       poll_(std::move(poll)),
+      wake_(std::move(wake)),
       processes_(processes),
       proc_root_(proc_root),
       tables_(maps_.get(), std::move(proc_root)) {}
@@ -604,6 +606,7 @@ void UnwindService::Stop() {
   { std::lock_guard<std::mutex> l(claim_mu_); }
   queue_cv_.notify_all();
   claim_cv_.notify_all();
+  if (wake_) wake_();  // after the store: the poll thread checks stop_ when poll returns
   if (thread_.joinable()) thread_.join();
   if (claim_thread_.joinable()) claim_thread_.join();
   if (table_thread_.joinable()) table_thread_.join();
@@ -745,11 +748,15 @@ void UnwindService::PollLoop() {
   std::vector<ps_unwind_event> batch;
   while (!stop_) {
     batch.clear();
-    int timeout_ms = 100;
+    // Without a wake-up for Stop, a 100 ms timeout to see it; with one, until an event or the
+    // next follow-up (-1: none due).
+    int timeout_ms = wake_ ? -1 : 100;
     int64_t now = MonotonicNowNs();
     for (const FollowUp& f : follow_ups_) {
-      timeout_ms = std::min<int64_t>(timeout_ms, std::max<int64_t>(0, (f.due_ns - now + 999999) /
-                                                                            1000000));
+      const int64_t due_ms = std::max<int64_t>(0, (f.due_ns - now + 999999) / 1000000);
+      if (timeout_ms < 0 || due_ms < timeout_ms) {
+        timeout_ms = static_cast<int>(std::min<int64_t>(due_ms, 3600000));
+      }
     }
     int rc = poll_(timeout_ms, [&](const ps_unwind_event& e) { batch.push_back(e); });
     if (rc < 0 && rc != -EINTR) {

@@ -243,9 +243,11 @@ class UnwindService {
   using Poller = std::function<int(int timeout_ms,
                                    const std::function<void(const ps_unwind_event&)>& handler)>;
   // `processes` (may be null; borrowed): snapshotted at each process image's first event, so
-  // that the symbolizer finds its mappings and files after it exits.
+  // that the symbolizer finds its mappings and files after it exits. `wake` (may be null) makes
+  // a `poll` in progress return (thread-safe): with it the poll thread sleeps until an event, a
+  // follow-up or Stop (timeout -1); without it, it polls with a 100 ms timeout to see Stop.
   UnwindService(std::unique_ptr<UnwindMaps> maps, Poller poll, std::string proc_root = "/proc",
-                proc::ProcessTable* processes = nullptr);
+                proc::ProcessTable* processes = nullptr, std::function<void()> wake = nullptr);
   ~UnwindService();
 
   // Loads the given processes (all when empty, none when `preload` is false) synchronously, then
@@ -301,6 +303,7 @@ class UnwindService {
 
   std::unique_ptr<UnwindMaps> maps_;
   Poller poll_;
+  std::function<void()> wake_;
   proc::ProcessTable* processes_;
   const std::string proc_root_;
   mutable std::mutex mu_;
