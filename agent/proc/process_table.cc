@@ -115,6 +115,10 @@ absl::StatusOr<std::vector<MapEntry>> ProcessTable::ReadMaps(const ProcessKey& k
   maps.erase(std::remove_if(maps.begin(), maps.end(),
                             [](const MapEntry& m) { return !m.executable(); }),
              maps.end());
+  // Kept for as long as the process lives (and after): without this the vector keeps room for
+  // every mapping, executable or not (measured, 1000 idle processes: 4.6 MB of snapshots, about
+  // three quarters of it that unused room).
+  maps.shrink_to_fit();
   // The kernel prints maps paths relative to the reader's root (seq_path in show_map_vma,
   // fs/proc/task_mmu.c): for a chrooted process they carry its root directory as a prefix.
   // Strip it, so the path is the one the process sees (and <root>/<path> opens it).

@@ -63,6 +63,8 @@ TEST_CASE("ProcessTable reads a process from the fixture root") {
   CHECK((*info)->exe_path.empty());
   // Executable mappings only: the only ones a pc can be in.
   REQUIRE((*info)->maps.size() == 4);
+  // ... and no room kept for the others: a snapshot lives as long as its process.
+  CHECK((*info)->maps.capacity() == 4);
   CHECK((*info)->maps[0].start == 0x55d4c8a3f000);
   CHECK((*info)->maps[3].path == "[vdso]");
   CHECK((*info)->files.size() == 4);
