@@ -777,7 +777,7 @@ void UnwindService::PollLoop() {
       std::lock_guard<std::mutex> l(exec_mu_);
       for (const ps_unwind_event& e : batch) {
         if (e.kind != PS_UNWIND_EVENT_EXEC) continue;
-        if (latest_exec_.size() >= 65536) latest_exec_.clear();
+        if (latest_exec_.size() >= kMaxLatestExecs) latest_exec_.clear();
         latest_exec_[e.tgid] = {e.tgid_start_ns, e.exec_id};
       }
     }
@@ -836,7 +836,7 @@ void UnwindService::PollLoop() {
           e.kind == PS_UNWIND_EVENT_EXEC || e.kind == PS_UNWIND_EVENT_NEW_PROCESS;
       if (new_image && !ExecBudgetLeft(now)) {
         // Counted once per image: the walker repeats its request while the process runs.
-        if (shed_images_.size() >= 65536) shed_images_.clear();
+        if (shed_images_.size() >= kMaxImageEntries) shed_images_.clear();
         if (shed_images_.insert(key).second) exec_shed_.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
@@ -850,7 +850,7 @@ void UnwindService::PollLoop() {
           take = e.kind == PS_UNWIND_EVENT_EXEC || !processes_->HasSnapshot(key);
         }
         if (take) {
-          if (snapshot_rate_.size() >= 65536) snapshot_rate_.clear();
+          if (snapshot_rate_.size() >= kMaxImageEntries) snapshot_rate_.clear();
           SnapshotRate& r = snapshot_rate_[key];
           r.last_ns = now;
           ++r.count;
@@ -955,7 +955,7 @@ void UnwindService::TableLoop() {
             e.tgid, e.exec_id, e.kind, late / 1e6);
       }
       if (!s.ok()) {
-        if (retry_after_.size() >= 65536) retry_after_.clear();
+        if (retry_after_.size() >= kMaxImageEntries) retry_after_.clear();
         retry_after_[e.tgid] = now + kRefreshNs * 2;  // a failed load is retried after 0.4 s
       }
     }

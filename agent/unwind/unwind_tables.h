@@ -292,7 +292,7 @@ class UnwindService {
   void ChargeExec(int64_t spent_ns);
   int64_t exec_refill_ns_ = 0;  // CLOCK_MONOTONIC of the last refill (0: none yet)
   std::atomic<uint64_t> exec_shed_{0}, exec_cpu_ns_{0}, exec_forgiven_ns_{0};
-  absl::flat_hash_set<proc::ProcessKey> shed_images_;  // PollLoop's; at most 65536, then cleared
+  absl::flat_hash_set<proc::ProcessKey> shed_images_;  // PollLoop's; kMaxImageEntries at most
 
   struct Work {
     ps_unwind_event event;
@@ -300,6 +300,15 @@ class UnwindService {
     int64_t queued_ns = 0;  // CLOCK_MONOTONIC when queued for TableLoop (debug timing)
   };
   static constexpr size_t kMaxQueued = 8192;
+  // Bounds of the per-image bookkeeping below, each cleared whole when full (absl frees a big
+  // table's array on clear). Under continuous churn (2,000 execs a second here) they fill in
+  // seconds: at 65536 entries each they held 9 MB between them (the poll thread's arena,
+  // measured), at these bounds at most 1.8 MB. latest_exec_ keeps the most (its loss is a
+  // wrong snapshot risk for events queued across a clear; 16384 images is 8 s of that churn);
+  // the others only rate-limit snapshots and retries and count each shed image once (one
+  // still shed after a clear is counted again).
+  static constexpr size_t kMaxLatestExecs = 16384;
+  static constexpr size_t kMaxImageEntries = 8192;
 
   std::unique_ptr<UnwindMaps> maps_;
   Poller poll_;
@@ -336,7 +345,7 @@ class UnwindService {
   void ScheduleFollowUp(const proc::ProcessInfo& snapshot, uint32_t tries, int64_t now_ns);
   // Work of a due follow-up (never sent by BPF: bpf/abi.h PS_UNWIND_EVENT_* are small).
   static constexpr uint32_t kFollowUpEvent = 0x100;
-  // Each process's latest image from exec events, by tgid (at most 65536, then forgotten).
+  // Each process's latest image from exec events, by tgid (kMaxLatestExecs at most).
   struct LatestExec {
     uint64_t start_boot_ns;
     uint32_t exec_id;
