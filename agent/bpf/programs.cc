@@ -5,19 +5,19 @@
 #include <bpf/libbpf.h>
 #include <linux/membarrier.h>
 #include <sched.h>
-#include <sys/syscall.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <thread>
 #include <vector>
-#include <cerrno>
-#include <cstring>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -464,7 +464,8 @@ absl::Status BpfPrograms::StartUnwinder(const Options& options) {
         *slot = nullptr;
         return rc;
       },
-      "/proc", options.processes, [wake_fd] {
+      "/proc", options.processes,
+      [wake_fd] {
         const uint64_t one = 1;
         (void)!write(wake_fd, &one, sizeof(one));
       });

@@ -562,9 +562,8 @@ void UnwindTables::LoadAll() {
 
 // ---- UnwindService ----
 
-UnwindService::UnwindService(std::unique_ptr<UnwindMaps> maps, Poller poll,
-                             std::string proc_root, proc::ProcessTable* processes,
-                             std::function<void()> wake)
+UnwindService::UnwindService(std::unique_ptr<UnwindMaps> maps, Poller poll, std::string proc_root,
+                             proc::ProcessTable* processes, std::function<void()> wake)
     : maps_(std::move(maps)),
       poll_(std::move(poll)),
       wake_(std::move(wake)),
