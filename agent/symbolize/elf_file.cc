@@ -147,7 +147,7 @@ class ElfFileReader {
     size_t bytes = sizeof(ElfFile) + file->segments_.capacity() * sizeof(ElfFile::Segment) +
                    file->symbols_.capacity() * sizeof(ElfSymbol) + StringHeapBytes(file->build_id_);
     for (const ElfSymbol& sym : file->symbols_) {
-      bytes += StringHeapBytes(sym.system_name) + StringHeapBytes(sym.name);
+      bytes += StringHeapBytes(sym.system_name) + StringHeapBytes(sym.demangled);
     }
     file->memory_bytes_ = bytes;
     return file;
@@ -288,6 +288,7 @@ class ElfFileReader {
         size = end - c.start;
       }
       std::string name = Demangle(std::string(StripVersion(c.system_name)));
+      if (name == c.system_name) name.clear();  // ElfSymbol::name() then returns system_name
       file.symbols_.push_back({c.start, size, std::move(c.system_name), std::move(name)});
     }
     file.symbols_.shrink_to_fit();

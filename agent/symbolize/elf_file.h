@@ -20,7 +20,11 @@ struct ElfSymbol {
   // the end of its section.
   uint64_t size = 0;
   std::string system_name;  // raw st_name string, e.g. "_ZN2ps3fooEi" or "memcpy@@GLIBC_2.14"
-  std::string name;         // Demangle(system_name without an "@VERSION"/"@@VERSION" suffix)
+  // Demangle(system_name without an "@VERSION"/"@@VERSION" suffix).
+  const std::string& name() const { return demangled.empty() ? system_name : demangled; }
+  // name() when it differs from system_name, else "": most C symbols keep one copy of their
+  // name (measured, 1000 idle processes: 2 MB of the agent's heap were these names).
+  std::string demangled;
 };
 
 // One ELF file's function symbols, loadable segments and build id, copied out of the file by Open

@@ -137,7 +137,7 @@ TEST_CASE("ElfFile symbolizes the test binary's own functions", "[symbolize]") {
   const ElfSymbol* sym = exe->Lookup(c_vaddr);
   REQUIRE(sym != nullptr);
   CHECK(sym->system_name == "ps_test_target_fn");
-  CHECK(sym->name == "ps_test_target_fn");
+  CHECK(sym->name() == "ps_test_target_fn");
   CHECK(sym->start == c_vaddr);
   CHECK(sym->size > 0);
   // A pc inside the function body resolves to the same symbol.
@@ -150,7 +150,7 @@ TEST_CASE("ElfFile symbolizes the test binary's own functions", "[symbolize]") {
   const ElfSymbol* cc_sym = exe->Lookup(cc_vaddr + 1);
   REQUIRE(cc_sym != nullptr);
   CHECK(cc_sym->system_name == "_ZN2ps4test8TargetFnEi");
-  CHECK(cc_sym->name == "ps::test::TargetFn(int)");
+  CHECK(cc_sym->name() == "ps::test::TargetFn(int)");
   CHECK(cc_sym->start == cc_vaddr);
 }
 
@@ -165,19 +165,19 @@ TEST_CASE("ElfFile reads the unstripped fixture library", "[symbolize]") {
   const uint64_t alpha = RuntimeToVaddr(*lib, DlSymOrDie(handle.get(), "ps_fixture_alpha"));
   const ElfSymbol* sym = lib->Lookup(alpha);
   REQUIRE(sym != nullptr);
-  CHECK(sym->name == "ps_fixture_alpha");
+  CHECK(sym->name() == "ps_fixture_alpha");
 
   const uint64_t gamma = RuntimeToVaddr(*lib, DlSymOrDie(handle.get(), "_ZN2ps7fixture5GammaEi"));
   sym = lib->Lookup(gamma + 2);
   REQUIRE(sym != nullptr);
   CHECK(sym->system_name == "_ZN2ps7fixture5GammaEi");
-  CHECK(sym->name == "ps::fixture::Gamma(int)");
+  CHECK(sym->name() == "ps::fixture::Gamma(int)");
 
   // Zero-size symbol (no .size directive) still covers its code.
   const uint64_t nosize = RuntimeToVaddr(*lib, DlSymOrDie(handle.get(), "ps_fixture_nosize"));
   sym = lib->Lookup(nosize);
   REQUIRE(sym != nullptr);
-  CHECK(sym->name == "ps_fixture_nosize");
+  CHECK(sym->name() == "ps_fixture_nosize");
   CHECK(sym->size > 0);
 
   // The static (local) function is only in .symtab.
@@ -214,19 +214,19 @@ TEST_CASE("Stripped library resolves exported functions via .dynsym", "[symboliz
   const ElfSymbol* sym = stripped->Lookup(beta + 1);
   REQUIRE(sym != nullptr);
   CHECK(sym->system_name == "ps_fixture_beta");
-  CHECK(sym->name == "ps_fixture_beta");
+  CHECK(sym->name() == "ps_fixture_beta");
   CHECK(sym->start == beta);
 
   const uint64_t gamma =
       RuntimeToVaddr(*stripped, DlSymOrDie(handle.get(), "_ZN2ps7fixture5GammaEi"));
   sym = stripped->Lookup(gamma);
   REQUIRE(sym != nullptr);
-  CHECK(sym->name == "ps::fixture::Gamma(int)");
+  CHECK(sym->name() == "ps::fixture::Gamma(int)");
 
   // Same layout as the unstripped file: the same vaddr names the same function in both.
   const ElfSymbol* full_sym = full->Lookup(beta);
   REQUIRE(full_sym != nullptr);
-  CHECK(full_sym->name == "ps_fixture_beta");
+  CHECK(full_sym->name() == "ps_fixture_beta");
 
   // Local functions are gone with .symtab.
   CHECK(FindByName(*stripped, beta > 4096 ? beta - 4096 : 0, beta + 4096, "ps_fixture_local") ==
