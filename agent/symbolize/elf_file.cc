@@ -288,7 +288,9 @@ class ElfFileReader {
         size = end - c.start;
       }
       std::string name = Demangle(std::string(StripVersion(c.system_name)));
-      if (name == c.system_name) name.clear();  // ElfSymbol::name() then returns system_name
+      // ElfSymbol::name() then returns system_name. swap, not clear(): an emptied string keeps
+      // its heap buffer, and a move hands that buffer on.
+      if (name == c.system_name) std::string().swap(name);
       file.symbols_.push_back({c.start, size, std::move(c.system_name), std::move(name)});
     }
     file.symbols_.shrink_to_fit();
