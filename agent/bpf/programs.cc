@@ -430,15 +430,15 @@ absl::Status BpfPrograms::StartUnwinder(const Options& options) {
   // so another fd cannot join its set), not on a timer: measured, the 100 ms tick it had woke
   // an idle agent 10 times a second.
   unwind_wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (unwind_wake_fd_ < 0) return LibbpfError(-errno, "creating the unwinder's eventfd");
+  if (unwind_wake_fd_ < 0) return ErrnoStatus(errno, "creating the unwinder's eventfd");
   unwind_epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (unwind_epoll_fd_ < 0) return LibbpfError(-errno, "creating the unwinder's epoll set");
+  if (unwind_epoll_fd_ < 0) return ErrnoStatus(errno, "creating the unwinder's epoll set");
   for (int fd : {ring_buffer__epoll_fd(rb), unwind_wake_fd_}) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
     if (epoll_ctl(unwind_epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
-      return LibbpfError(-errno, "adding to the unwinder's epoll set");
+      return ErrnoStatus(errno, "adding to the unwinder's epoll set");
     }
   }
   const int epoll_fd = unwind_epoll_fd_, wake_fd = unwind_wake_fd_;
@@ -455,9 +455,11 @@ absl::Status BpfPrograms::StartUnwinder(const Options& options) {
       [rb, slot, epoll_fd, wake_fd](int timeout_ms,
                                     const std::function<void(const ps_unwind_event&)>& handler) {
         epoll_event ev[2];
-        if (epoll_wait(epoll_fd, ev, 2, timeout_ms) < 0) return -errno;
-        uint64_t wakes;
-        while (read(wake_fd, &wakes, sizeof(wakes)) > 0) {
+        const int n = epoll_wait(epoll_fd, ev, 2, timeout_ms);
+        if (n < 0) return -errno;
+        for (int i = 0; i < n; ++i) {
+          uint64_t wakes;
+          if (ev[i].data.fd == wake_fd) (void)!read(wake_fd, &wakes, sizeof(wakes));
         }
         *slot = &handler;
         int rc = ring_buffer__consume(rb);

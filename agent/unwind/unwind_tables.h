@@ -238,13 +238,15 @@ class UnwindTables {
 // exited processes every few seconds.
 class UnwindService {
  public:
-  // `poll(timeout_ms, handler)` polls the ring buffer, calling handler for each event; returns
-  // < 0 on error. Borrowed until Stop.
+  // `poll(timeout_ms, handler)` waits up to timeout_ms ms (-1: until an event or `wake`) and
+  // calls handler for each ring buffer event; returns the number of events, or -errno (-EINTR is
+  // retried silently; another error is logged and retried after 100 ms). Borrowed until Stop.
   using Poller = std::function<int(int timeout_ms,
                                    const std::function<void(const ps_unwind_event&)>& handler)>;
   // `processes` (may be null; borrowed): snapshotted at each process image's first event, so
   // that the symbolizer finds its mappings and files after it exits. `wake` (may be null) makes
-  // a `poll` in progress return (thread-safe): with it the poll thread sleeps until an event, a
+  // a `poll` in progress return (thread-safe; called by Stop, which the destructor also calls,
+  // so what it uses must outlive this object): with it the poll thread sleeps until an event, a
   // follow-up or Stop (timeout -1); without it, it polls with a 100 ms timeout to see Stop.
   UnwindService(std::unique_ptr<UnwindMaps> maps, Poller poll, std::string proc_root = "/proc",
                 proc::ProcessTable* processes = nullptr, std::function<void()> wake = nullptr);
