@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/proc/maps.h"
 #include "agent/proc/read_file.h"
+#include "agent/proc/stat.h"
 #include "agent/symbolize/elf_file.h"
 #include "agent/unwind/unwind_tables.h"
 
@@ -544,11 +545,27 @@ TEST_CASE("unwind: a sweep forgets unlisted processes at once, reused pids withi
   REQUIRE(tables.stats().processes == 2);
   // 100 is no longer listed: forgotten by the next sweep, without reading its stat.
   REQUIRE(unlink((root + "/100").c_str()) == 0);
-  // 200 is listed but is now another process (init: another start time), as a reused pid.
-  // Not this process: start times are in clock ticks (10 ms), and a test run that forks within
-  // its first tick gives b this process's start time (seen: 2 failures in 30 runs under ctest).
+  // 200 is listed but is now another process, as a reused pid: a third child with another
+  // start time than b. Start times are in clock ticks (10 ms): a process made in b's tick looks
+  // like b (it was this process, and a run that forked within its first tick failed: 2 in 30
+  // under ctest).
+  auto start_ticks = [](pid_t pid) -> uint64_t {
+    auto text = proc::ReadFileToString(absl::StrCat("/proc/", pid, "/stat"));
+    if (!text.ok()) return 0;
+    auto st = proc::ParseStat(*text);
+    return st.ok() ? st->start_time_ticks : 0;
+  };
+  const uint64_t b_ticks = start_ticks(b);
+  REQUIRE(b_ticks > 0);
+  pid_t c = child();
+  for (int i = 0; i < 100 && c > 0 && start_ticks(c) == b_ticks; ++i) {
+    usleep(10000);  // into the next clock tick, then another child
+    c = child();
+  }
+  REQUIRE(c > 0);
+  REQUIRE(start_ticks(c) != b_ticks);
   REQUIRE(unlink((root + "/200").c_str()) == 0);
-  REQUIRE(symlink("/proc/1", (root + "/200").c_str()) == 0);
+  REQUIRE(symlink(absl::StrCat("/proc/", c).c_str(), (root + "/200").c_str()) == 0);
   tables.SweepExited();
   CHECK(tables.stats().processes == 1);
   // The reused pid is found by the sweep that reads each listed process's stat.
