@@ -22,8 +22,9 @@ struct ElfSymbol {
   std::string system_name;  // raw st_name string, e.g. "_ZN2ps3fooEi" or "memcpy@@GLIBC_2.14"
   // Demangle(system_name without an "@VERSION"/"@@VERSION" suffix).
   const std::string& name() const { return demangled.empty() ? system_name : demangled; }
-  // name() when it differs from system_name, else "": most C symbols keep one copy of their
-  // name (measured, 1000 idle processes: 2 MB of the agent's heap were these names).
+  // name() when it differs from system_name, else "": a C symbol keeps one copy of its name.
+  // (Demangled names were 2 MB of the agent's heap with 1000 idle processes, mostly C++ names,
+  // which keep both: the saving there was within run-to-run variation.)
   std::string demangled;
 };
 
