@@ -49,14 +49,31 @@ std::string FileExporter::PathFor(const ProcessProfile& p) const {
   return absl::StrCat(DirFor(p), "/", NameFor(p));
 }
 
-absl::Status FileExporter::MakeDir(const std::string& rel) {
-  if (!made_dirs_.contains(rel)) {
-    PS_RETURN_IF_ERROR(MkdirP(absl::StrCat(dir_, "/", rel)));
-    if (made_dirs_.size() >= 65536) made_dirs_.clear();
-    made_dirs_.insert(rel);
-  }
+FileExporter::DirKey FileExporter::DirKeyFor(const ProcessProfile& p) {
+  if (p.group.kind == ProfileGroup::Kind::kCgroup) return {p.group.id, 0, true};
+  const proc::ProcessKey& k = p.process;
+  return {uint64_t{k.tgid} << 32 | k.exec_id, proc::BootNsToTicks(k.start_boot_ns), false};
+}
+
+bool FileExporter::KnownDir(const DirKey& key) {
+  if (dirs_this_window_.contains(key)) return true;
+  if (!dirs_last_window_.contains(key)) return false;
+  if (dirs_this_window_.size() < kMaxKnownDirs) dirs_this_window_.insert(key);
+  return true;
+}
+
+void FileExporter::ForgetDir(const DirKey& key) {
+  dirs_this_window_.erase(key);
+  dirs_last_window_.erase(key);
+}
+
+absl::Status FileExporter::MakeDir(const DirKey& key, const std::string& rel) {
   if (dir_fd_ < 0) {
     dir_fd_ = open(dir_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd_ < 0 && errno == ENOENT) {
+      PS_RETURN_IF_ERROR(MkdirP(dir_));
+      dir_fd_ = open(dir_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    }
     if (dir_fd_ < 0) return ErrnoStatus(errno, absl::StrCat("open ", dir_));
     // The filesystem's block (statfs(2) f_bsize; an O_PATH descriptor allows fstatfs since
     // Linux 3.12, open(2)): a profile whose stored gzip fits in one takes the same space
@@ -67,6 +84,17 @@ absl::Status FileExporter::MakeDir(const std::string& rel) {
                        ? std::min<size_t>(static_cast<size_t>(fs.f_bsize), 65536)
                        : 0;
   }
+  if (KnownDir(key)) return absl::OkStatus();
+  // Parent first: a new process's <pid> directory, then its image's. Trying the leaf first
+  // would fail with ENOENT for every new process (measured: a third of the mkdir calls).
+  for (size_t slash = rel.find('/');; slash = rel.find('/', slash + 1)) {
+    const std::string part = rel.substr(0, slash);
+    if (mkdirat(dir_fd_, part.c_str(), 0755) != 0 && errno != EEXIST) {
+      return ErrnoStatus(errno, absl::StrCat("mkdir ", dir_, "/", part));
+    }
+    if (slash == std::string::npos) break;
+  }
+  if (dirs_this_window_.size() < kMaxKnownDirs) dirs_this_window_.insert(key);
   return absl::OkStatus();
 }
 
@@ -78,15 +106,18 @@ void FileExporter::EndWindow(absl::Time now) {
         open_st.st_dev != path_st.st_dev || open_st.st_ino != path_st.st_ino) {
       close(dir_fd_);
       dir_fd_ = -1;
-      made_dirs_.clear();
+      dirs_this_window_.clear();
     }
   }
+  dirs_last_window_ = std::move(dirs_this_window_);
+  dirs_this_window_.clear();
   if (retention_.enabled()) retention_.Expire(now);
 }
 
 absl::Status FileExporter::Export(const ProcessProfile& p) {
   const std::string rel_dir = RelativeDirFor(p);
-  PS_RETURN_IF_ERROR(MakeDir(rel_dir));
+  const DirKey dir_key = DirKeyFor(p);
+  PS_RETURN_IF_ERROR(MakeDir(dir_key, rel_dir));
   PS_ASSIGN_OR_RETURN(std::string data, SerializeGzip(p.profile, block_bytes_));
   const std::string rel = absl::StrCat(rel_dir, "/", NameFor(p));
   if (retention_.enabled()) {
@@ -97,10 +128,10 @@ absl::Status FileExporter::Export(const ProcessProfile& p) {
   if (fd < 0 && errno == ENOENT) {
     // The directory was removed meanwhile (retention, a user), or DIR itself (dir_fd_ is then
     // a deleted directory's): made again, and DIR reopened.
-    made_dirs_.erase(rel_dir);
+    ForgetDir(dir_key);
     close(dir_fd_);
     dir_fd_ = -1;
-    PS_RETURN_IF_ERROR(MakeDir(rel_dir));
+    PS_RETURN_IF_ERROR(MakeDir(dir_key, rel_dir));
     fd = openat(dir_fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   }
   const std::string path = absl::StrCat(dir_, "/", rel);

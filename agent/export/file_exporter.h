@@ -10,10 +10,11 @@
 // comment names its path); a tree's (command mode) go to its root process's directory.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/container/flat_hash_set.h"
-
 #include "agent/export/exporter.h"
 #include "agent/export/retention.h"
 
@@ -58,15 +59,39 @@ class FileExporter : public Exporter {
   // That directory relative to DIR, and a file's name in it.
   static std::string RelativeDirFor(const ProcessProfile& profile);
   static std::string NameFor(const ProcessProfile& profile);
-  // Creates DIR/rel (and its parents) if not known to exist, and opens DIR if not open.
-  absl::Status MakeDir(const std::string& rel);
+  // The identity of a profile's directory, for the cache of directories known to exist: 24
+  // bytes where the relative path would take a string each.
+  struct DirKey {
+    uint64_t id = 0;     // tgid << 32 | exec id, or the cgroup id
+    uint64_t ticks = 0;  // start ticks (0 for a cgroup)
+    bool cgroup = false;
+    bool operator==(const DirKey& o) const {
+      return id == o.id && ticks == o.ticks && cgroup == o.cgroup;
+    }
+    template <typename H>
+    friend H AbslHashValue(H h, const DirKey& k) {
+      return H::combine(std::move(h), k.id, k.ticks, k.cgroup);
+    }
+  };
+  static DirKey DirKeyFor(const ProcessProfile& profile);
+  // Opens DIR if not open (creating it and its parents when missing), then creates DIR/rel
+  // parent first, relative to DIR's descriptor, unless `key` is known to exist. Errors: the
+  // errno of open/mkdir as a status naming the path.
+  absl::Status MakeDir(const DirKey& key, const std::string& rel);
+  bool KnownDir(const DirKey& key);
+  void ForgetDir(const DirKey& key);
 
   std::string dir_;
   int dir_fd_ = -1;  // DIR (O_PATH), opened at the first Export
   size_t block_bytes_ = 0;  // DIR's filesystem block, bytes: profiles within one are stored
   OutputRetention retention_;
-  // Directories known to exist (cleared when it grows past 65536 entries).
-  absl::flat_hash_set<std::string> made_dirs_;
+  // Directories known to exist: those written to in this window and in the last one (a
+  // process seen once, as under process churn, is forgotten after two windows), each at most
+  // kMaxKnownDirs (past it a directory is made again: mkdir(2) fails with EEXIST, ~2 us).
+  // Bounded so: at most ~1.1 MiB, where a set of paths grew to ~6 MiB under churn (heaptrack,
+  // 65536 entries).
+  static constexpr size_t kMaxKnownDirs = 16384;
+  absl::flat_hash_set<DirKey> dirs_this_window_, dirs_last_window_;
 };
 
 }  // namespace parascope

@@ -74,12 +74,13 @@ ProcessProfile MakeProfile(uint32_t tgid, int64_t t0_ms, size_t bytes, std::mt19
 }
 
 // The file exporter alone (no retention): the SPEC layout, the profile byte-exact after a
-// gunzip, no .tmp left behind, and a directory removed under it (the whole root) made again.
+// gunzip, no .tmp left behind, and a directory removed under it (a process's, the whole root)
+// made again.
 TEST_CASE(
     "file exporter: the SPEC layout, byte-exact content, a removed or replaced root made again",
     "[unit]") {
   TempDir tmp;
-  const std::string root = tmp.path() + "/out";
+  const std::string root = tmp.path() + "/var/out";  // made with its parent at the first write
   FileExporter exporter(root);
   REQUIRE(exporter.Start(absl::Now()).ok());
   std::mt19937 rng(7);
@@ -106,6 +107,18 @@ TEST_CASE(
   REQUIRE(big_back.ok());
   CHECK(big_back->SerializeAsString() == big.profile.SerializeAsString());
   fs::remove(exporter.PathFor(big));
+  // The process's directory is removed while the exporter knows it (a user, or retention, in
+  // the same window and after one): the next profile makes it again.
+  for (int windows = 0; windows < 2; ++windows) {
+    fs::remove_all(root + "/4242");
+    ProcessProfile r = MakeProfile(4242, 1700000010000 + windows, 200, &rng);
+    REQUIRE(exporter.Export(r).ok());
+    auto r_back = ParseMaybeGzip(read(exporter.PathFor(r)));
+    REQUIRE(r_back.ok());
+    CHECK(r_back->SerializeAsString() == r.profile.SerializeAsString());
+    exporter.EndWindow(absl::Now());
+  }
+  fs::remove_all(root + "/4242");
   // The root is removed (a user cleaning up): the next profile makes it again.
   fs::remove_all(root);
   ProcessProfile q = MakeProfile(4242, 1700000015000, 200, &rng);
