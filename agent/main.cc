@@ -1,6 +1,7 @@
 // parascope: flags -> Config -> Validate -> RunAgent. Exit codes (SPEC section 7): 0 clean stop,
 // 1 runtime or environment failure, 2 usage error; in command mode (`-- CMD`) the command's exit
 // status (127: not found, 126: not executable, as a shell reports them).
+#include <malloc.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -163,6 +164,13 @@ int UsageError(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Allocations of 128 KiB or more are mmap(2)ed and unmapped when freed (mallopt(3)). glibc's
+  // default raises that threshold to the largest block freed so far (up to 32 MiB on 64-bit),
+  // after which libdw's decompressed debug sections (megabytes each, libc6-dbg's file) and a
+  // window's record arrays come from the heap and stay in RSS as free space until a trim can
+  // reach them. Setting it turns that adjustment off. Measured, 60 s of process churn: RSS at
+  // the end 63 MiB -> 57 MiB.
+  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   // Block the handled signals before any thread exists; the agent reads them from a signalfd.
   const sigset_t handled = parascope::HandledSignals();
   sigprocmask(SIG_BLOCK, &handled, nullptr);
