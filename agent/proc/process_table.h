@@ -190,7 +190,6 @@ class ProcessTable {
     uint64_t maps_read_window = 0;  // window_ when maps were last read
     uint64_t created_window = 0;    // window_ when made
     bool jit_candidate = false;     // has anonymous executable memory
-    bool superseded = false;        // the process has exec'ed another image since
     int64_t perf_map_next_try_ns = 0;
     std::shared_ptr<const PinnedFile> perf_map;
     std::string perf_map_path;      // as the process sees it
@@ -217,6 +216,8 @@ class ProcessTable {
   void CountErrorLocked(const absl::Status& status);
   // Evicts entries so that one more fits within max_processes_.
   void MakeRoomLocked();
+  // Whether a snapshot of a later image of key's process (an exec since) was taken.
+  bool SupersededLocked(const ProcessKey& key) const;
 
   const std::string proc_root_;
   std::atomic<bool> read_cgroup_{false};
@@ -230,6 +231,8 @@ class ProcessTable {
   uint64_t snapshots_ = 0;
   absl::flat_hash_map<ProcessKey, std::unique_ptr<Entry>> entries_;
   absl::flat_hash_map<ProcessKey, absl::Status> failed_;  // failures in the current window
+  // The newest image snapshotted of each process with entries (by tgid; pruned at EndWindow).
+  absl::flat_hash_map<uint32_t, ProcessKey> newest_snapshot_;
   // Open files by identity as /proc/<pid>/maps shows it (device, inode, path), so a file another
   // process already pinned is not reopened. Dead weak entries are swept at EndWindow.
   struct MapsFileId {

@@ -216,6 +216,25 @@ TEST_CASE("ProcessTable forgets processes not used during a window") {
   CHECK(table.size() == 0);
 }
 
+TEST_CASE("ProcessTable drops an idle snapshot once a later image of its process was snapshotted") {
+  ProcessTable table(kRoot);
+  const ProcessKey before{kKey.tgid, kKey.start_boot_ns, 1};
+  const ProcessKey after{kKey.tgid, kKey.start_boot_ns, 2};
+  // Another process that got the pid (another start time) supersedes nothing.
+  const ProcessKey other_start{kKey.tgid, kKey.start_boot_ns + 5'000'000, 1};
+  REQUIRE(table.Snapshot(before).ok());
+  REQUIRE(table.Snapshot(other_start).ok());  // same tick: the fixture's stat matches it too
+  table.EndWindow();
+  table.EndWindow();
+  CHECK(table.HasSnapshot(before));  // idle, but its process still runs: kept
+  REQUIRE(table.Snapshot(after).ok());
+  table.EndWindow();
+  CHECK_FALSE(table.HasSnapshot(before));  // the exec since made it done
+  CHECK(table.HasSnapshot(after));
+  CHECK(table.HasSnapshot(other_start));
+  CHECK(table.size() == 2);
+}
+
 TEST_CASE("ProcessTable eviction prefers idle entries, then least recently used") {
   TempProcRoot root;
   root.Clone(4242, 1);
