@@ -5,6 +5,8 @@
 #include <cstring>
 #include <utility>
 
+#include "agent/util/hash_map.h"
+
 namespace parascope::collect {
 
 Collector::Collector(MapReader* maps, const Options& options) : maps_(maps), options_(options) {}
@@ -39,6 +41,7 @@ WindowData Collector::Collect(int64_t prev_ws_ns, int64_t ws_ns, uint32_t closed
       ++map_stats_.stack_cache_evicted;
     }
   }
+  ShrinkIfSparse(stack_cache_);  // after a burst of short-lived processes' stacks
   map_stats_.stack_cache = stack_cache_.size();
   return out;
 }

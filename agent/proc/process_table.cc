@@ -8,12 +8,13 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "agent/proc/read_file.h"
 #include "agent/proc/stat.h"
+#include "agent/util/hash_map.h"
 #include "agent/util/status.h"
 
 namespace parascope::proc {
@@ -350,6 +351,10 @@ void ProcessTable::EndWindow() {
   for (const auto& [key, entry] : entries_) tgids.insert(key.tgid);
   absl::erase_if(newest_snapshot_, [&](const auto& kv) { return !tgids.contains(kv.first); });
   absl::erase_if(pins_, [](const auto& kv) { return kv.second.expired(); });
+  // The room of a burst of short-lived processes goes with them.
+  ShrinkIfSparse(entries_);
+  ShrinkIfSparse(newest_snapshot_);
+  ShrinkIfSparse(pins_);
   failed_.clear();
   ++window_;
 }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "agent/proc/read_file.h"
+#include "agent/util/hash_map.h"
 #include "agent/util/status.h"
 
 namespace parascope::symbolize {
@@ -199,6 +200,9 @@ void PerfMaps::Evict() {
 
 void PerfMaps::EndWindow() {
   absl::erase_if(maps_, [this](const auto& kv) { return kv.second.last_used_window != window_; });
+  // Entries of processes whose frames had no mapping (none with a perf map) go each window;
+  // under process churn their room would stay.
+  ShrinkIfSparse(maps_);
   ++window_;
 }
 
