@@ -67,7 +67,7 @@ void FileExporter::ForgetDir(const DirKey& key) {
   dirs_last_window_.erase(key);
 }
 
-absl::Status FileExporter::MakeDir(const DirKey& key, const std::string& rel) {
+absl::Status FileExporter::MakeDir(const DirKey& key, const std::string& rel, bool reopened) {
   if (dir_fd_ < 0) {
     dir_fd_ = open(dir_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (dir_fd_ < 0 && errno == ENOENT) {
@@ -90,6 +90,15 @@ absl::Status FileExporter::MakeDir(const DirKey& key, const std::string& rel) {
   for (size_t slash = rel.find('/');; slash = rel.find('/', slash + 1)) {
     const std::string part = rel.substr(0, slash);
     if (mkdirat(dir_fd_, part.c_str(), 0755) != 0 && errno != EEXIST) {
+      if (errno == ENOENT && slash == rel.find('/') && !reopened) {
+        // Nothing can be made in a removed directory (ENOENT): DIR was removed since it was
+        // opened (`rm -rf DIR`). Made and opened again, once.
+        close(dir_fd_);
+        dir_fd_ = -1;
+        dirs_this_window_.clear();
+        dirs_last_window_.clear();
+        return MakeDir(key, rel, /*reopened=*/true);
+      }
       return ErrnoStatus(errno, absl::StrCat("mkdir ", dir_, "/", part));
     }
     if (slash == std::string::npos) break;

@@ -9,7 +9,8 @@ namespace parascope {
 // a per-process map that grew through a burst of short-lived processes keeps its peak
 // capacity (the slots, 2^k - 1 of them, each sizeof(value) + 1 control byte) after the
 // processes are gone. When fewer than a quarter of more than 64 slots are in use, rehash(0)
-// reallocates to fit the current size (absl: "rehash(0) shrinks the table to fit"). O(size)
+// reallocates to fit the current size (absl 20220623 raw_hash_set::rehash: a capacity
+// normalized from the size alone, or no table when empty). O(size)
 // when it does, which a map sparse after a sweep repays by its smaller scans; nothing
 // otherwise. Returns true when it shrank.
 template <typename Table>

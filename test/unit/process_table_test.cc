@@ -228,8 +228,11 @@ TEST_CASE("ProcessTable drops an idle snapshot once a later image of its process
   table.EndWindow();
   CHECK(table.HasSnapshot(before));  // idle, but its process still runs: kept
   REQUIRE(table.Snapshot(after).ok());
+  REQUIRE(table.Get(before).ok());  // used this window (a flush of its samples): kept
   table.EndWindow();
-  CHECK_FALSE(table.HasSnapshot(before));  // the exec since made it done
+  CHECK(table.HasSnapshot(before));
+  table.EndWindow();
+  CHECK_FALSE(table.HasSnapshot(before));  // idle, and the exec since made it done
   CHECK(table.HasSnapshot(after));
   CHECK(table.HasSnapshot(other_start));
   CHECK(table.size() == 2);

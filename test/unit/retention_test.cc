@@ -119,7 +119,12 @@ TEST_CASE(
     exporter.EndWindow(absl::Now());
   }
   fs::remove_all(root + "/4242");
-  // The root is removed (a user cleaning up): the next profile makes it again.
+  // The root is removed (a user cleaning up): the next profile makes it again, whether its
+  // process's directory was known (q) or not (a new process).
+  fs::remove_all(root);
+  ProcessProfile fresh = MakeProfile(4343, 1700000015000, 200, &rng);
+  REQUIRE(exporter.Export(fresh).ok());
+  CHECK(ParseMaybeGzip(read(exporter.PathFor(fresh))).ok());
   fs::remove_all(root);
   ProcessProfile q = MakeProfile(4242, 1700000015000, 200, &rng);
   REQUIRE(exporter.Export(q).ok());
