@@ -390,8 +390,10 @@ class AgentMetrics {
         {"reason"});
     symbolization_misses_ = &registry->GetCounterFamily(
         mn::kSymbolizationMisses, "Frames that could not be symbolized, by reason.", {"reason"});
-    profiles_written_ =
-        &registry->GetCounter(mn::kProfilesWritten, "Profiles written by the file exporter.");
+    profiles_written_ = &registry->GetCounter(
+        mn::kProfilesWritten,
+        "Profiles written by the file exporter (merged into overflow/ files included: "
+        "parascope_output_merged_profiles_total).");
     export_errors_ = &registry->GetCounter("parascope_export_errors_total",
                                            "Profiles an exporter failed to accept.");
     processes_ = &registry->GetGauge(mn::kProcessesTracked, "Processes in the process table.");
@@ -585,6 +587,29 @@ std::vector<server::CallbackRegistration> RegisterRetentionMetrics(
       [files] {
         return std::vector<CallbackSample>{
             {{}, static_cast<double>(files->retention_stats().errors)}};
+      }));
+  return regs;
+}
+
+// --output-max-new-processes (export/file_exporter.h, "Process churn").
+std::vector<server::CallbackRegistration> RegisterOverflowMetrics(server::MetricsRegistry* registry,
+                                                                  const FileExporter* files) {
+  using server::CallbackSample;
+  using server::MetricType;
+  std::vector<server::CallbackRegistration> regs;
+  regs.push_back(registry->AddCallback(
+      MetricType::kCounter, "parascope_output_merged_processes_total",
+      "Process images whose profiles went to --output-dir's overflow/ files (merged, each sample "
+      "labelled with its pid) instead of a directory of their own: exited, and new past "
+      "--output-max-new-processes in their window.",
+      {}, [files] {
+        return std::vector<CallbackSample>{{{}, static_cast<double>(files->merged_processes())}};
+      }));
+  regs.push_back(registry->AddCallback(
+      MetricType::kCounter, "parascope_output_merged_profiles_total",
+      "Profiles (one per process image and type) merged into --output-dir's overflow/ files.", {},
+      [files] {
+        return std::vector<CallbackSample>{{{}, static_cast<double>(files->merged_profiles())}};
       }));
   return regs;
 }
@@ -1045,7 +1070,8 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
     RetentionOptions ro;
     ro.max_bytes = config.output_max_bytes;
     ro.max_age = config.output_max_age;
-    file_exporter = std::make_unique<FileExporter>(config.output_dir, ro);
+    file_exporter = std::make_unique<FileExporter>(
+        config.output_dir, ro, static_cast<size_t>(config.output_max_new_processes));
     if (absl::Status s = file_exporter->Start(absl::Now()); !s.ok()) {
       return absl::FailedPreconditionError(absl::StrCat("--output-dir: ", s.message()));
     }
@@ -1060,6 +1086,10 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
   std::vector<server::CallbackRegistration> retention_metrics;
   if (file_exporter != nullptr && file_exporter->retention_enabled()) {
     retention_metrics = RegisterRetentionMetrics(&registry, file_exporter.get());
+  }
+  std::vector<server::CallbackRegistration> overflow_metrics;
+  if (file_exporter != nullptr) {
+    overflow_metrics = RegisterOverflowMetrics(&registry, file_exporter.get());
   }
   std::atomic<uint64_t> untargeted{0};
   std::unique_ptr<k8s::PodWatcher> pod_watcher;
@@ -1301,7 +1331,15 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
         cpu_export += ThreadCpuNs() - c1;
       }
     }
-    if (file_exporter != nullptr) file_exporter->EndWindow(absl::Now());
+    if (file_exporter != nullptr) {
+      const int64_t c0 = ThreadCpuNs();
+      if (absl::Status s = file_exporter->Flush(); !s.ok()) {
+        ++export_errors;
+        export_log.Log(LogLevel::kWarning, "export failed: %s", s.ToString());
+      }
+      file_exporter->EndWindow(absl::Now());
+      cpu_export += ThreadCpuNs() - c0;
+    }
     processes.EndWindow();
     symbolizer.EndWindow();
     if (labeler != nullptr) labeler->EndWindow();

@@ -49,6 +49,10 @@ ABSL_FLAG(int64_t, output_max_bytes, 0,
           "the oldest windows are deleted first (0: no bound)");
 ABSL_FLAG(absl::Duration, output_max_age, absl::ZeroDuration(),
           "delete --output-dir's windows that started longer ago than this (0: keep them)");
+ABSL_FLAG(int64_t, output_max_new_processes, 256,
+          "new process directories --output-dir gets per window; past it, the profiles of "
+          "processes already exited are merged into DIR/overflow/<part>/<profile>-<t0>.pb.gz, "
+          "each sample labelled with its pid (process churn)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 ABSL_FLAG(std::string, remote_url, "", "Pyroscope base URL, e.g. http://127.0.0.1:4040");
 ABSL_FLAG(std::string, remote_protocol, "grpc",
@@ -220,6 +224,7 @@ int main(int argc, char** argv) {
   config.output_dir = absl::GetFlag(FLAGS_output_dir);
   config.output_max_bytes = absl::GetFlag(FLAGS_output_max_bytes);
   config.output_max_age = absl::GetFlag(FLAGS_output_max_age);
+  config.output_max_new_processes = absl::GetFlag(FLAGS_output_max_new_processes);
   const std::string log_format = absl::GetFlag(FLAGS_log_format);
   if (log_format != "text" && log_format != "json") {
     return UsageError("--log-format: expected text or json, got '" + log_format + "'");

@@ -54,6 +54,10 @@ absl::Status Config::Validate() const {
         "--output-max-age: must be 0 (no bound) or at least --collect-interval (",
         absl::FormatDuration(collect_interval), "), got ", absl::FormatDuration(output_max_age)));
   }
+  if (output_max_new_processes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--output-max-new-processes: must be 0 or more, got ", output_max_new_processes));
+  }
   if ((output_max_bytes > 0 || output_max_age > absl::ZeroDuration()) && output_dir.empty()) {
     return absl::InvalidArgumentError(
         output_max_bytes > 0 ? "--output-max-bytes: needs --output-dir"

@@ -1,6 +1,7 @@
 #include "agent/export/file_exporter.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -50,9 +51,10 @@ std::string FileExporter::PathFor(const ProcessProfile& p) const {
 }
 
 FileExporter::DirKey FileExporter::DirKeyFor(const ProcessProfile& p) {
-  if (p.group.kind == ProfileGroup::Kind::kCgroup) return {p.group.id, 0, true};
+  if (p.group.kind == ProfileGroup::Kind::kCgroup) return {p.group.id, 0, DirKey::kCgroup};
   const proc::ProcessKey& k = p.process;
-  return {uint64_t{k.tgid} << 32 | k.exec_id, proc::BootNsToTicks(k.start_boot_ns), false};
+  return {uint64_t{k.tgid} << 32 | k.exec_id, proc::BootNsToTicks(k.start_boot_ns),
+          DirKey::kProcess};
 }
 
 bool FileExporter::KnownDir(const DirKey& key) {
@@ -104,7 +106,20 @@ absl::Status FileExporter::MakeDir(const DirKey& key, const std::string& rel, bo
     if (slash == std::string::npos) break;
   }
   if (dirs_this_window_.size() < kMaxKnownDirs) dirs_this_window_.insert(key);
+  if (key.kind == DirKey::kProcess) ++new_dirs_this_window_;
   return absl::OkStatus();
+}
+
+bool FileExporter::ShouldMerge(const ProcessProfile& p, const DirKey& key) {
+  if (key.kind != DirKey::kProcess || new_dirs_this_window_ < max_new_processes_) return false;
+  if (auto it = merge_decided_.find(key); it != merge_decided_.end()) return it->second;
+  if (KnownDir(key)) return false;
+  // Gone: kill(2) with signal 0 checks existence only; ESRCH names no process (a zombie still
+  // counts as running, and so does a new process that got the pid: both only cost a directory).
+  const bool gone = kill(static_cast<pid_t>(p.process.tgid), 0) != 0 && errno == ESRCH;
+  merge_decided_.emplace(key, gone);
+  if (gone) merged_processes_.fetch_add(1, std::memory_order_relaxed);
+  return gone;
 }
 
 void FileExporter::EndWindow(absl::Time now) {
@@ -120,15 +135,52 @@ void FileExporter::EndWindow(absl::Time now) {
   }
   dirs_last_window_ = std::move(dirs_this_window_);
   dirs_this_window_.clear();
+  new_dirs_this_window_ = 0;
+  merge_decided_.clear();
+  merges_.clear();
   if (retention_.enabled()) retention_.Expire(now);
 }
 
 absl::Status FileExporter::Export(const ProcessProfile& p) {
-  const std::string rel_dir = RelativeDirFor(p);
   const DirKey dir_key = DirKeyFor(p);
+  if (ShouldMerge(p, dir_key)) {
+    Merge& m = merges_[p.type];
+    PS_RETURN_IF_ERROR(m.merger.Add(p.profile, p.process.tgid, p.process_name));
+    merged_profiles_.fetch_add(1, std::memory_order_relaxed);
+    if (m.merger.samples() >= kMaxMergedSamples) return WriteMerged(p.type);
+    return absl::OkStatus();
+  }
+  return WriteProfile(dir_key, RelativeDirFor(p), p.type, p.profile);
+}
+
+absl::Status FileExporter::WriteMerged(const std::string& type) {
+  Merge& m = merges_[type];
+  if (m.merger.empty()) return absl::OkStatus();
+  const uint32_t part = m.next_part++;
+  const perftools::profiles::Profile merged = m.merger.Take(
+      absl::StrCat("parascope: processes that had exited when the window was written, past the ",
+                   max_new_processes_,
+                   " new process directories a window may make "
+                   "(--output-max-new-processes)"));
+  return WriteProfile({part, 0, DirKey::kOverflow}, absl::StrCat("overflow/", part), type, merged);
+}
+
+absl::Status FileExporter::Flush() {
+  absl::Status first;
+  for (auto& [type, m] : merges_) {
+    absl::Status s = WriteMerged(type);
+    if (first.ok()) first = s;
+  }
+  return first;
+}
+
+absl::Status FileExporter::WriteProfile(const DirKey& dir_key, const std::string& rel_dir,
+                                        const std::string& type,
+                                        const perftools::profiles::Profile& profile) {
   PS_RETURN_IF_ERROR(MakeDir(dir_key, rel_dir));
-  PS_ASSIGN_OR_RETURN(std::string data, SerializeGzip(p.profile, block_bytes_));
-  const std::string rel = absl::StrCat(rel_dir, "/", NameFor(p));
+  PS_ASSIGN_OR_RETURN(std::string data, SerializeGzip(profile, block_bytes_));
+  const int64_t t0_ms = profile.time_nanos() / 1000000;
+  const std::string rel = absl::StrCat(rel_dir, "/", type, "-", t0_ms, ".pb.gz");
   if (retention_.enabled()) {
     retention_.MakeRoom(OutputRetention::EstimateAllocated(static_cast<int64_t>(data.size())));
   }
@@ -175,7 +227,7 @@ absl::Status FileExporter::Export(const ProcessProfile& p) {
   if (retention_.enabled()) {
     // A rewrite of the same window's file (never done today) would be indexed twice; the
     // second unlink then finds nothing.
-    retention_.Added(DirFor(p), p.type, p.profile.time_nanos() / 1000000, allocated);
+    retention_.Added(absl::StrCat(dir_, "/", rel_dir), type, t0_ms, allocated);
     retention_.MakeRoom(0, 0);  // the file took more than estimated
   }
   return absl::OkStatus();

@@ -8,15 +8,30 @@
 //   DIR/cgroup/<cgroup id>/<type>-<t0 unix ms>.pb.gz
 // (the id is the inode number of the cgroup's directory in the cgroup2 mount; the profile's
 // comment names its path); a tree's (command mode) go to its root process's directory.
+//
+// Process churn: every process image with profiles costs a directory of its own (two mkdir(2)
+// calls the first time) and a file per profile type, about 100-600 us of kernel time each on
+// ext4 (measured, bench/README.md), which a host that starts a thousand processes a second
+// cannot afford. So at most `max_new_processes` images a window get a new directory; past that,
+// the profiles of images whose process is gone by the time they are written (they will never
+// need their directory again) are merged per type into
+//   DIR/overflow/<part>/<type>-<t0 unix ms>.pb.gz
+// (agent/profile/profile_merge.h: each sample labelled with its pid and process name; part 0,
+// then 1, ... when one part reaches kMaxMergedSamples samples), written when the window ends
+// (Flush). Processes still running always get their own directory.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "agent/export/exporter.h"
 #include "agent/export/retention.h"
+#include "agent/profile/profile_merge.h"
 
 namespace parascope {
 
@@ -27,8 +42,12 @@ namespace parascope {
 class FileExporter : public Exporter {
  public:
   // `retention` bounds the directory (retention.h); the default bounds nothing.
-  explicit FileExporter(std::string dir, RetentionOptions retention = {})
-      : dir_(std::move(dir)), retention_(dir_, retention) {}
+  // `max_new_processes` (--output-max-new-processes): new process directories a window may make
+  // before the profiles of exited processes are merged (header comment); the default never
+  // merges.
+  explicit FileExporter(std::string dir, RetentionOptions retention = {},
+                        size_t max_new_processes = std::numeric_limits<size_t>::max())
+      : dir_(std::move(dir)), retention_(dir_, retention), max_new_processes_(max_new_processes) {}
   ~FileExporter() override;
   FileExporter(const FileExporter&) = delete;
   FileExporter& operator=(const FileExporter&) = delete;
@@ -42,13 +61,27 @@ class FileExporter : public Exporter {
   // was replaced (`mv DIR DIR.old && mkdir DIR`, or removed): the descriptor of the old one is
   // dropped, so the next window is written to the path DIR names (stat(2) st_dev/st_ino of the
   // open descriptor and of the path differ).
+  // Call Flush first: merged profiles still pending are dropped.
   void EndWindow(absl::Time now);
+  // Writes the window's merged profiles (DIR/overflow/). Errors: the first failed write's, as
+  // Export's; the other parts are still written.
+  absl::Status Flush();
+  // Process images whose profiles were merged into DIR/overflow/ instead of a directory of their
+  // own, and profiles so merged (one per image and type). Thread-safe.
+  uint64_t merged_processes() const { return merged_processes_.load(std::memory_order_relaxed); }
+  uint64_t merged_profiles() const { return merged_profiles_.load(std::memory_order_relaxed); }
   // Thread-safe.
   RetentionStats retention_stats() const { return retention_.stats(); }
   bool retention_enabled() const { return retention_.enabled(); }
 
-  // Errors: the errno of mkdir/open/write/rename as a status naming the path.
+  // Errors: the errno of mkdir/open/write/rename as a status naming the path. A profile merged
+  // into DIR/overflow/ returns OK; its file is written by Flush.
   absl::Status Export(const ProcessProfile& profile) override;
+
+  // Samples at which a merged profile is written as one part and the next part begun: bounds the
+  // memory of a window's merge to about 2.5 MiB a type (a sample with its four labels is about
+  // 300 bytes of protobuf objects), at the price of a file per 8192 samples.
+  static constexpr size_t kMaxMergedSamples = 8192;
 
   // The path a profile is written to.
   std::string PathFor(const ProcessProfile& profile) const;
@@ -62,15 +95,16 @@ class FileExporter : public Exporter {
   // The identity of a profile's directory, for the cache of directories known to exist: 24
   // bytes where the relative path would take a string each.
   struct DirKey {
-    uint64_t id = 0;     // tgid << 32 | exec id, or the cgroup id
-    uint64_t ticks = 0;  // start ticks (0 for a cgroup)
-    bool cgroup = false;
+    enum Kind : uint8_t { kProcess = 0, kCgroup = 1, kOverflow = 2 };
+    uint64_t id = 0;     // tgid << 32 | exec id, the cgroup id, or the overflow part
+    uint64_t ticks = 0;  // start ticks (0 for the others)
+    Kind kind = kProcess;
     bool operator==(const DirKey& o) const {
-      return id == o.id && ticks == o.ticks && cgroup == o.cgroup;
+      return id == o.id && ticks == o.ticks && kind == o.kind;
     }
     template <typename H>
     friend H AbslHashValue(H h, const DirKey& k) {
-      return H::combine(std::move(h), k.id, k.ticks, k.cgroup);
+      return H::combine(std::move(h), k.id, k.ticks, static_cast<uint8_t>(k.kind));
     }
   };
   static DirKey DirKeyFor(const ProcessProfile& profile);
@@ -81,6 +115,14 @@ class FileExporter : public Exporter {
   absl::Status MakeDir(const DirKey& key, const std::string& rel, bool reopened = false);
   bool KnownDir(const DirKey& key);
   void ForgetDir(const DirKey& key);
+  // True when the profile goes to DIR/overflow/ (header comment); decided once per image and
+  // window, so all its types go to one place.
+  bool ShouldMerge(const ProcessProfile& profile, const DirKey& key);
+  // Writes `profile` as DIR/rel_dir/<type>-<t0>.pb.gz (made with `key`), through a .tmp file.
+  absl::Status WriteProfile(const DirKey& key, const std::string& rel_dir, const std::string& type,
+                            const perftools::profiles::Profile& profile);
+  // Writes type's merged profile as the next part.
+  absl::Status WriteMerged(const std::string& type);
 
   std::string dir_;
   int dir_fd_ = -1;  // DIR (O_PATH), opened at the first Export
@@ -94,6 +136,18 @@ class FileExporter : public Exporter {
   // churn: 2.2 MB of table, and growing).
   static constexpr size_t kMaxKnownDirs = 16384;
   absl::flat_hash_set<DirKey> dirs_this_window_, dirs_last_window_;
+  // The overflow of process churn (header comment).
+  size_t max_new_processes_;
+  size_t new_dirs_this_window_ = 0;  // process directories made this window
+  // The images decided this window: true = merged. Cleared at EndWindow (one entry per image
+  // exported past the budget: at most a window's processes).
+  absl::flat_hash_map<DirKey, bool> merge_decided_;
+  struct Merge {
+    ProfileMerger merger;
+    uint32_t next_part = 0;
+  };
+  absl::flat_hash_map<std::string, Merge> merges_;  // by profile type
+  std::atomic<uint64_t> merged_processes_{0}, merged_profiles_{0};
 };
 
 }  // namespace parascope

@@ -3,15 +3,15 @@
 // or two programs run one after the other under one forced pid. Profiles land in
 // DIR/<pid>/<start ticks>.<exec id>/ (one directory per process image) and are read back through
 // the real pprof tool. Each test prints its measured figures on stdout, passing or not.
+#include <bpf/libbpf.h>
 #include <signal.h>
 #include <sys/wait.h>
-#include <bpf/libbpf.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
-#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -19,6 +19,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -473,6 +474,111 @@ TEST_CASE("lifecycle e2e: short-lived processes are symbolized", "[root][e2e]") 
   if (libbpf_probe_bpf_helper(BPF_PROG_TYPE_PERF_EVENT, BPF_FUNC_find_vma, nullptr) == 1) {
     CHECK(Ratio(burn_to_start, burn) >= 0.98);
   }
+}
+
+// Process churn past --output-max-new-processes (export/file_exporter.h, "Process churn"): a
+// window makes at most that many process directories; the children that had exited when their
+// window was written share DIR/overflow/ files instead, each sample labelled with its pid, and
+// no child loses its samples on the way: each is found in exactly one place.
+TEST_CASE("lifecycle e2e: exited processes past the new-process budget share overflow files",
+          "[root][e2e]") {
+  if (!RequireRoot()) return;
+  TempDir out;
+  constexpr int kBudget = 10;
+  Child agent({PS_AGENT_BIN, "--profiles=cpu", absl::StrCat("--sampling-frequency=", kHz),
+               "--collect-interval=1s", "--http-address=127.0.0.1:0", "--output-dir=" + out.path(),
+               absl::StrCat("--output-max-new-processes=", kBudget)});
+  std::string line;
+  REQUIRE(agent.WaitForStderr("attached:", &line));
+  INFO("agent stderr:\n" << agent.stderr_text());
+  const int port = MetricsPort(agent.stderr_text());
+  REQUIRE(port > 0);
+  auto windows = [&] { return MetricValue(Scrape(port), "parascope_windows_total"); };
+  const double windows_before = windows();
+  constexpr int kChildren = 100, kMs = 20;
+  Child work({Lifecycle(), "spawn", std::to_string(kChildren), std::to_string(kMs)});
+  std::vector<int> pids;
+  while (work.ReadStdoutLine(&line, 60) && line != "done") {
+    int pid = 0;
+    REQUIRE(absl::SimpleAtoi(line, &pid));
+    pids.push_back(pid);
+  }
+  REQUIRE(line == "done");
+  REQUIRE(work.Wait(30) == 0);
+  REQUIRE(pids.size() == size_t(kChildren));
+  // Every child's windows are written once two more windows have closed.
+  const double windows_done = windows();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (windows() < windows_done + 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::string metrics = Scrape(port);
+  INFO(metrics);
+  REQUIRE(MetricValue(metrics, "parascope_windows_total") >= windows_done + 2);
+  const double merged = MetricValue(metrics, "parascope_output_merged_processes_total");
+  const double merged_profiles = MetricValue(metrics, "parascope_output_merged_profiles_total");
+  REQUIRE(kill(agent.pid(), SIGINT) == 0);
+  const int status = agent.Wait(60);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+
+  // short_lived_burn samples of each child: in its own directory, and in the overflow files.
+  const std::set<int> children(pids.begin(), pids.end());
+  std::map<int, int64_t> own, shared;
+  for (int pid : pids) {
+    for (const Image& im : Images(out.path(), pid, "short_lived_burn")) {
+      own[pid] += im.With("short_lived_burn");
+    }
+  }
+  int overflow_files = 0;
+  for (const std::string& f : ProfileFiles(out.path(), 0, "process_cpu-")) {
+    if (!absl::StrContains(f, "/overflow/")) continue;
+    ++overflow_files;
+    RawProfile p = ReadWithPprof(f);
+    const int n = p.ValueIndex("samples");
+    REQUIRE(n >= 0);
+    for (const auto& s : p.samples) {
+      REQUIRE(s.labels.count("pid") == 1);
+      CHECK(s.labels.count("process") == 1);
+      int pid = 0;
+      REQUIRE(absl::SimpleAtoi(s.labels.at("pid"), &pid));
+      const std::vector<std::string> frames = p.Frames(s);
+      if (children.count(pid) != 0 &&
+          std::find(frames.begin(), frames.end(), "short_lived_burn") != frames.end()) {
+        shared[pid] += s.values[n];
+      }
+    }
+  }
+  int in_own = 0, in_shared = 0, in_both = 0, in_neither = 0;
+  int64_t burn = 0;
+  for (int pid : pids) {
+    const bool o = own[pid] > 0, sh = shared[pid] > 0;
+    in_own += o;
+    in_shared += sh;
+    in_both += o && sh;
+    in_neither += !o && !sh;
+    burn += own[pid] + shared[pid];
+  }
+  const int64_t expected = int64_t(kChildren) * kMs * kHz / 1000;
+  const double spanned = windows_done - windows_before + 1;
+  FIGURES("over budget: " << kChildren << " children in " << spanned << " windows of 1 s, "
+                          << kBudget << " new directories a window: " << in_own
+                          << " with their own directory, " << in_shared << " in " << overflow_files
+                          << " overflow files, " << in_both << " in both, " << in_neither
+                          << " in neither; short_lived_burn samples " << burn << " (expected ~"
+                          << expected << "); metric: " << merged << " images merged, "
+                          << merged_profiles << " profiles");
+  CHECK(in_neither == 0);
+  CHECK(in_both == 0);
+  // Within the budget: the windows the children ran in made at most kBudget directories each
+  // (the agent's other new processes take their share too).
+  CHECK(in_own <= kBudget * (spanned + 1));
+  CHECK(in_shared >= kChildren - kBudget * (spanned + 1));
+  REQUIRE(burn >= expected / 2);
+  // Counted: every merged child at least (other exited processes of the host too), one profile
+  // per image with --profiles=cpu.
+  CHECK(merged >= in_shared);
+  CHECK(merged_profiles == merged);
 }
 
 // exec replaces the image under one pid: each image gets its own directory (a new exec id)

@@ -93,6 +93,11 @@ TEST_CASE("Config::Validate checks ranges and names the flag", "[config]") {
   c = Config();
   c.duration = -absl::Seconds(1);
   CHECK(absl::StartsWith(c.Validate().message(), "--duration:"));
+  c = Config();
+  c.output_max_new_processes = -1;
+  CHECK(absl::StartsWith(c.Validate().message(), "--output-max-new-processes:"));
+  c.output_max_new_processes = 0;
+  CHECK(c.Validate().ok());
 }
 
 TEST_CASE("Repeated list flags accumulate and K=V items parse", "[config]") {

@@ -5,14 +5,17 @@
 #include "agent/export/retention.h"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -152,6 +155,106 @@ TEST_CASE(
 }
 
 }  // namespace
+
+// A profile of one sample (`type`'s two values: count 1 and `ns`) in `fn` of process `tgid`.
+ProcessProfile OneSample(uint32_t tgid, const std::string& type, int64_t t0_ms, int64_t ns,
+                         const std::string& fn) {
+  PprofBuilder b({{type == "process_cpu" ? "samples" : "contentions", "count"},
+                  {type == "process_cpu" ? "cpu" : "delay", "nanoseconds"}},
+                 {"cpu", "nanoseconds"}, 1000);
+  uint64_t m = b.AddMapping(
+      {0x400000 + tgid * 0x10000ull, 0x401000 + tgid * 0x10000ull, 0, "/usr/bin/app", "", true});
+  uint64_t l = b.AddLocation(m, 0x400010 + tgid * 0x10000ull, {b.AddFunction({fn, fn, ""})});
+  b.AddSample({l}, {1, ns}, {LabelSpec::Num("tid", tgid)});
+  ProcessProfile p;
+  p.process = {tgid, uint64_t{tgid} * 10000000, 1};
+  p.process_name = absl::StrCat("app", tgid);
+  p.type = type;
+  p.profile = std::move(b).Build(t0_ms * 1000000, 1000000000);
+  return p;
+}
+
+// pids of processes that have exited and been reaped.
+std::vector<uint32_t> GonePids(int n) {
+  std::vector<uint32_t> out;
+  for (int i = 0; i < n; ++i) {
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) _exit(0);
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    out.push_back(static_cast<uint32_t>(pid));
+  }
+  return out;
+}
+
+TEST_CASE("file exporter: past the new-process budget, exited processes share overflow/ files",
+          "[unit]") {
+  TempDir tmp;
+  const std::string root = tmp.path() + "/out";
+  RetentionOptions ro;
+  ro.max_bytes = int64_t{1} << 30;  // indexes the files, deletes nothing
+  FileExporter exporter(root, ro, /*max_new_processes=*/2);
+  REQUIRE(exporter.Start(absl::Now()).ok());
+  const std::vector<uint32_t> gone = GonePids(4);
+  const uint32_t alive = static_cast<uint32_t>(getpid());
+  constexpr int64_t kT0 = 1700000000000;
+  auto own_dir = [&](uint32_t tgid) { return absl::StrCat(root, "/", tgid, "/", tgid, ".1"); };
+  // Two new directories, then the budget is spent: gone[2] and gone[3] are merged (both their
+  // types), the running process still gets its own directory.
+  for (uint32_t tgid : {gone[0], gone[1], gone[2], alive, gone[3]}) {
+    for (const char* type : {"process_cpu", "off_cpu"}) {
+      REQUIRE(exporter.Export(OneSample(tgid, type, kT0, 1000 + tgid, "f")).ok());
+    }
+  }
+  for (uint32_t tgid : {gone[0], gone[1], alive}) {
+    CHECK(fs::exists(own_dir(tgid) + "/process_cpu-1700000000000.pb.gz"));
+    CHECK(fs::exists(own_dir(tgid) + "/off_cpu-1700000000000.pb.gz"));
+  }
+  for (uint32_t tgid : {gone[2], gone[3]}) CHECK(!fs::exists(absl::StrCat(root, "/", tgid)));
+  CHECK(exporter.merged_processes() == 2);
+  CHECK(exporter.merged_profiles() == 4);
+  CHECK(!fs::exists(root + "/overflow"));  // written at Flush
+  REQUIRE(exporter.Flush().ok());
+  for (const char* type : {"process_cpu", "off_cpu"}) {
+    const std::string path = absl::StrCat(root, "/overflow/0/", type, "-1700000000000.pb.gz");
+    std::ifstream in(path, std::ios::binary);
+    auto merged = ParseMaybeGzip(std::string(std::istreambuf_iterator<char>(in), {}));
+    REQUIRE(merged.ok());
+    CHECK(merged->time_nanos() == kT0 * 1000000);
+    // One sample per merged process, labelled pid, process, then its own tid; values intact.
+    std::map<int64_t, int64_t> ns_by_pid;
+    for (const auto& s : merged->sample()) {
+      REQUIRE(s.label_size() == 3);
+      CHECK(merged->string_table(s.label(0).key()) == "pid");
+      CHECK(merged->string_table(s.label(1).str()) == absl::StrCat("app", s.label(0).num()));
+      CHECK(s.label(2).num() == s.label(0).num());  // tid
+      ns_by_pid[s.label(0).num()] += s.value(1);
+    }
+    CHECK(ns_by_pid ==
+          std::map<int64_t, int64_t>{{gone[2], 1000 + gone[2]}, {gone[3], 1000 + gone[3]}});
+  }
+  // Retention indexes the overflow files like the others: 6 own files and 2 merged.
+  CHECK(exporter.retention_stats().files == 8);
+  CHECK(Measure(root).files == 8);
+
+  // The next window has a budget again: a process merged before gets its own directory now.
+  exporter.EndWindow(absl::Now());
+  REQUIRE(exporter.Export(OneSample(gone[2], "process_cpu", kT0 + 1000, 5, "g")).ok());
+  CHECK(fs::exists(own_dir(gone[2]) + "/process_cpu-1700000001000.pb.gz"));
+  REQUIRE(exporter.Flush().ok());  // nothing merged: no file
+  CHECK(!fs::exists(root + "/overflow/0/process_cpu-1700000001000.pb.gz"));
+  CHECK(exporter.merged_processes() == 2);
+
+  // Without a budget (the default) nothing is ever merged.
+  FileExporter unbounded(tmp.path() + "/unbounded");
+  for (uint32_t tgid : gone) {
+    REQUIRE(unbounded.Export(OneSample(tgid, "process_cpu", kT0, 1, "f")).ok());
+  }
+  REQUIRE(unbounded.Flush().ok());
+  CHECK(unbounded.merged_processes() == 0);
+  CHECK(Measure(tmp.path() + "/unbounded").files == 4);
+}
 
 TEST_CASE("retention: the byte bound holds on disk after every write, oldest windows go first",
           "[unit]") {
