@@ -1334,9 +1334,10 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
     if (file_exporter != nullptr) {
       const int64_t c0 = ThreadCpuNs();
       if (absl::Status s = file_exporter->Flush(); !s.ok()) {
-        ++export_errors;
         export_log.Log(LogLevel::kWarning, "export failed: %s", s.ToString());
       }
+      // Merged profiles were accepted (and counted written) before their part's write failed.
+      export_errors += file_exporter->TakeMergedLost();
       file_exporter->EndWindow(absl::Now());
       cpu_export += ThreadCpuNs() - c0;
     }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "agent/util/status.h"
@@ -89,9 +90,11 @@ absl::Status FileExporter::MakeDir(const DirKey& key, const std::string& rel, bo
   if (KnownDir(key)) return absl::OkStatus();
   // Parent first: a new process's <pid> directory, then its image's. Trying the leaf first
   // would fail with ENOENT for every new process (measured: a third of the mkdir calls).
+  bool made = false;  // the leaf was made, not found
   for (size_t slash = rel.find('/');; slash = rel.find('/', slash + 1)) {
     const std::string part = rel.substr(0, slash);
-    if (mkdirat(dir_fd_, part.c_str(), 0755) != 0 && errno != EEXIST) {
+    made = mkdirat(dir_fd_, part.c_str(), 0755) == 0;
+    if (!made && errno != EEXIST) {
       if (errno == ENOENT && slash == rel.find('/') && !reopened) {
         // Nothing can be made in a removed directory (ENOENT): DIR was removed since it was
         // opened (`rm -rf DIR`). Made and opened again, once.
@@ -106,13 +109,21 @@ absl::Status FileExporter::MakeDir(const DirKey& key, const std::string& rel, bo
     if (slash == std::string::npos) break;
   }
   if (dirs_this_window_.size() < kMaxKnownDirs) dirs_this_window_.insert(key);
-  if (key.kind == DirKey::kProcess) ++new_dirs_this_window_;
+  if (key.kind == DirKey::kProcess && made) ++new_dirs_this_window_;
   return absl::OkStatus();
 }
 
 bool FileExporter::ShouldMerge(const ProcessProfile& p, const DirKey& key) {
-  if (key.kind != DirKey::kProcess || new_dirs_this_window_ < max_new_processes_) return false;
-  if (auto it = merge_decided_.find(key); it != merge_decided_.end()) return it->second;
+  // A group's profiles (a command-mode tree's) already carry pid and process labels.
+  if (key.kind != DirKey::kProcess || p.group.is_group()) return false;
+  if (!merge_decided_.empty()) {
+    if (auto it = merge_decided_.find(key); it != merge_decided_.end()) return it->second;
+  }
+  if (!merged_last_window_.empty() && merged_last_window_.contains(key)) {
+    merge_decided_.emplace(key, true);  // ran across the boundary: stays in one place
+    return true;
+  }
+  if (new_dirs_this_window_ < max_new_processes_) return false;
   if (KnownDir(key)) return false;
   // Gone: kill(2) with signal 0 checks existence only; ESRCH names no process (a zombie still
   // counts as running, and so does a new process that got the pid: both only cost a directory).
@@ -136,6 +147,10 @@ void FileExporter::EndWindow(absl::Time now) {
   dirs_last_window_ = std::move(dirs_this_window_);
   dirs_this_window_.clear();
   new_dirs_this_window_ = 0;
+  merged_last_window_.clear();
+  for (const auto& [key, merged] : merge_decided_) {
+    if (merged) merged_last_window_.insert(key);
+  }
   merge_decided_.clear();
   merges_.clear();
   if (retention_.enabled()) retention_.Expire(now);
@@ -147,7 +162,11 @@ absl::Status FileExporter::Export(const ProcessProfile& p) {
     Merge& m = merges_[p.type];
     PS_RETURN_IF_ERROR(m.merger.Add(p.profile, p.process.tgid, p.process_name));
     merged_profiles_.fetch_add(1, std::memory_order_relaxed);
-    if (m.merger.samples() >= kMaxMergedSamples) return WriteMerged(p.type);
+    if (m.merger.approx_bytes() >= kMaxMergedBytes) {
+      // Reported by Flush: this profile was merged (the failure is the part's).
+      absl::Status s = WriteMerged(p.type);
+      if (!s.ok() && pending_error_.ok()) pending_error_ = std::move(s);
+    }
     return absl::OkStatus();
   }
   return WriteProfile(dir_key, RelativeDirFor(p), p.type, p.profile);
@@ -157,16 +176,20 @@ absl::Status FileExporter::WriteMerged(const std::string& type) {
   Merge& m = merges_[type];
   if (m.merger.empty()) return absl::OkStatus();
   const uint32_t part = m.next_part++;
+  const size_t profiles = m.merger.profiles();
   const perftools::profiles::Profile merged = m.merger.Take(
       absl::StrCat("parascope: processes that had exited when the window was written, past the ",
                    max_new_processes_,
                    " new process directories a window may make "
                    "(--output-max-new-processes)"));
-  return WriteProfile({part, 0, DirKey::kOverflow}, absl::StrCat("overflow/", part), type, merged);
+  absl::Status s =
+      WriteProfile({part, 0, DirKey::kOverflow}, absl::StrCat("overflow/", part), type, merged);
+  if (!s.ok()) merged_lost_ += profiles;
+  return s;
 }
 
 absl::Status FileExporter::Flush() {
-  absl::Status first;
+  absl::Status first = std::exchange(pending_error_, absl::OkStatus());
   for (auto& [type, m] : merges_) {
     absl::Status s = WriteMerged(type);
     if (first.ok()) first = s;

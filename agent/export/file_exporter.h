@@ -10,15 +10,18 @@
 // comment names its path); a tree's (command mode) go to its root process's directory.
 //
 // Process churn: every process image with profiles costs a directory of its own (two mkdir(2)
-// calls the first time) and a file per profile type, about 100-600 us of kernel time each on
-// ext4 (measured, bench/README.md), which a host that starts a thousand processes a second
-// cannot afford. So at most `max_new_processes` images a window get a new directory; past that,
-// the profiles of images whose process is gone by the time they are written (they will never
-// need their directory again) are merged per type into
+// calls the first time) and a file per profile type: 110-620 us of kernel time per process
+// image on this project's test VM (a create loop of that layout; journal-less ext4, see
+// bench/README.md), which a host that starts a thousand processes a second cannot afford. So
+// at most `max_new_processes` images a window get a new directory; past that, the profiles of
+// images whose process is gone by the time they are written are merged per type into
 //   DIR/overflow/<part>/<type>-<t0 unix ms>.pb.gz
 // (agent/profile/profile_merge.h: each sample labelled with its pid and process name; part 0,
-// then 1, ... when one part reaches kMaxMergedSamples samples), written when the window ends
-// (Flush). Processes still running always get their own directory.
+// then 1, ... each time a part reaches kMaxMergedBytes), written when the window ends (Flush).
+// An image merged in one window is merged in the next too (it ran across the boundary), so it
+// is found in one place. Processes still running always get their own directory, and so do
+// images written to in this window or the last (the directory cache below); one whose
+// directory is older than that but idle since is merged for the window it exits in.
 #pragma once
 
 #include <atomic>
@@ -63,9 +66,12 @@ class FileExporter : public Exporter {
   // open descriptor and of the path differ).
   // Call Flush first: merged profiles still pending are dropped.
   void EndWindow(absl::Time now);
-  // Writes the window's merged profiles (DIR/overflow/). Errors: the first failed write's, as
-  // Export's; the other parts are still written.
+  // Writes the window's merged profiles (DIR/overflow/). Errors: the first failed write's since
+  // the last Flush (a part written by Export included), as Export's; the other parts are still
+  // written. The profiles of a part that failed are counted in TakeMergedLost.
   absl::Status Flush();
+  // Profiles merged (Export returned OK) whose part could not be written, since the last call.
+  uint64_t TakeMergedLost() { return std::exchange(merged_lost_, 0); }
   // Process images whose profiles were merged into DIR/overflow/ instead of a directory of their
   // own, and profiles so merged (one per image and type). Thread-safe.
   uint64_t merged_processes() const { return merged_processes_.load(std::memory_order_relaxed); }
@@ -75,13 +81,14 @@ class FileExporter : public Exporter {
   bool retention_enabled() const { return retention_.enabled(); }
 
   // Errors: the errno of mkdir/open/write/rename as a status naming the path. A profile merged
-  // into DIR/overflow/ returns OK; its file is written by Flush.
+  // into DIR/overflow/ returns OK (InvalidArgument if it cannot be merged); its file is written
+  // when its part is full or by Flush, whose status reports a failure.
   absl::Status Export(const ProcessProfile& profile) override;
 
-  // Samples at which a merged profile is written as one part and the next part begun: bounds the
-  // memory of a window's merge to about 2.5 MiB a type (a sample with its four labels is about
-  // 300 bytes of protobuf objects), at the price of a file per 8192 samples.
-  static constexpr size_t kMaxMergedSamples = 8192;
+  // Estimated bytes (ProfileMerger::approx_bytes) at which a merged profile is written as one
+  // part and the next part begun: bounds the memory of a window's merge to about this much a
+  // profile type, plus the one profile that crossed it.
+  static constexpr size_t kMaxMergedBytes = size_t{4} << 20;
 
   // The path a profile is written to.
   std::string PathFor(const ProcessProfile& profile) const;
@@ -138,16 +145,19 @@ class FileExporter : public Exporter {
   absl::flat_hash_set<DirKey> dirs_this_window_, dirs_last_window_;
   // The overflow of process churn (header comment).
   size_t max_new_processes_;
-  size_t new_dirs_this_window_ = 0;  // process directories made this window
-  // The images decided this window: true = merged. Cleared at EndWindow (one entry per image
-  // exported past the budget: at most a window's processes).
+  size_t new_dirs_this_window_ = 0;  // process directories made (not found) this window
+  // The images decided this window: true = merged (one entry per image exported past the
+  // budget: at most a window's processes), and those merged in the last window.
   absl::flat_hash_map<DirKey, bool> merge_decided_;
+  absl::flat_hash_set<DirKey> merged_last_window_;
   struct Merge {
     ProfileMerger merger;
     uint32_t next_part = 0;
   };
   absl::flat_hash_map<std::string, Merge> merges_;  // by profile type
   std::atomic<uint64_t> merged_processes_{0}, merged_profiles_{0};
+  uint64_t merged_lost_ = 0;    // TakeMergedLost
+  absl::Status pending_error_;  // a part written by Export failed; reported by Flush
 };
 
 }  // namespace parascope

@@ -14,7 +14,10 @@ int64_t ProfileMerger::Str(absl::string_view s) {
     strings_.emplace("", 0);
   }
   auto [it, inserted] = strings_.try_emplace(s, out_.string_table_size());
-  if (inserted) out_.add_string_table(std::string(s));
+  if (inserted) {
+    out_.add_string_table(std::string(s));
+    approx_bytes_ += 2 * s.size() + 64;  // the string, its table copy, their overheads
+  }
   return it->second;
 }
 
@@ -67,6 +70,7 @@ absl::Status ProfileMerger::Add(const pp::Profile& p, uint32_t pid, absl::string
                                Str(src(f.filename())), f.start_line());
     auto [it, inserted] = functions_.try_emplace(key, out_.function_size() + 1);
     if (inserted) {
+      approx_bytes_ += 128;
       pp::Function* o = out_.add_function();
       o->set_id(it->second);
       o->set_name(std::get<0>(key));
@@ -88,6 +92,7 @@ absl::Status ProfileMerger::Add(const pp::Profile& p, uint32_t pid, absl::string
                                m.memory_limit() - m.memory_start(), bits);
     auto [it, inserted] = mappings_.try_emplace(key, out_.mapping_size());
     if (inserted) {
+      approx_bytes_ += 160;
       pp::Mapping* o = out_.add_mapping();
       *o = m;
       o->set_id(static_cast<uint64_t>(out_.mapping_size()));
@@ -117,6 +122,7 @@ absl::Status ProfileMerger::Add(const pp::Profile& p, uint32_t pid, absl::string
     }
     auto [it, inserted] = locations_.try_emplace(key_scratch_, out_.location_size() + 1);
     if (inserted) {
+      approx_bytes_ += 96 + 8 * key_scratch_.size() + 48 * (key_scratch_.size() - 3) / 3;
       pp::Location* o = out_.add_location();
       o->set_id(it->second);
       o->set_mapping_id(mapping_id);
@@ -135,6 +141,9 @@ absl::Status ProfileMerger::Add(const pp::Profile& p, uint32_t pid, absl::string
   const int64_t process_key = Str("process");
   const int64_t comm_str = Str(comm);
   for (const pp::Sample& s : p.sample()) {
+    // The Sample, its arrays, and each Label (a message of ~48 bytes behind a pointer).
+    approx_bytes_ += 96 + 8 * (s.location_id_size() + s.value_size()) +
+                     56 * (2 + static_cast<size_t>(s.label_size()));
     pp::Sample* o = out_.add_sample();
     o->mutable_location_id()->Reserve(s.location_id_size());
     for (uint64_t id : s.location_id()) {
@@ -168,6 +177,7 @@ pp::Profile ProfileMerger::Take(absl::string_view note) {
   pp::Profile result = std::move(out_);
   out_ = pp::Profile();
   profiles_ = 0;
+  approx_bytes_ = 0;
   common_comments_.clear();
   strings_.clear();
   functions_.clear();

@@ -39,6 +39,10 @@ class ProfileMerger {
                    absl::string_view comm);
   // Samples and profiles merged so far.
   size_t samples() const { return out_.sample_size(); }
+  // Estimated heap bytes of the merged profile so far (protobuf objects: samples with their
+  // location ids, values and labels; locations with their lines; functions, mappings and
+  // strings; plus the dedup tables): what a caller bounds the merge's memory by.
+  size_t approx_bytes() const { return approx_bytes_; }
   size_t profiles() const { return profiles_; }
   bool empty() const { return profiles_ == 0; }
   // The merged profile; `note` is added as the last comment (after the count). Resets the merger.
@@ -49,6 +53,7 @@ class ProfileMerger {
 
   perftools::profiles::Profile out_;
   size_t profiles_ = 0;
+  size_t approx_bytes_ = 0;
   std::vector<std::string> common_comments_;
   absl::flat_hash_map<std::string, int64_t> strings_;
   // (name, system_name, filename, start_line) -> Function id.

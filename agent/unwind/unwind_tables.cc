@@ -771,14 +771,9 @@ void UnwindService::PollLoop() {
     auto execs_end = std::stable_partition(
         batch.begin(), batch.end(),
         [](const ps_unwind_event& e) { return e.kind == PS_UNWIND_EVENT_EXEC; });
-    // After a shed pause the batch holds the execs of the whole pause, the oldest of them
-    // likely gone: the newest first, so the budget the pause refilled reads a process that
-    // still lives rather than failing on the exited ones (a failed snapshot is cheap, so the
-    // refill is spent on the first live one either way).
-    if (paused) std::reverse(batch.begin(), execs_end);
-    paused = false;
-    // The latest image of each process, from the kernel's exec events: a follow-up of an older
-    // image is void (it would read the new image's maps under the old identity).
+    // The latest image of each process, from the kernel's exec events in arrival order (the
+    // last one wins): a follow-up of an older image is void (it would read the new image's maps
+    // under the old identity).
     {
       std::lock_guard<std::mutex> l(exec_mu_);
       for (const ps_unwind_event& e : batch) {
@@ -787,6 +782,12 @@ void UnwindService::PollLoop() {
         latest_exec_[e.tgid] = {e.tgid_start_ns, e.exec_id};
       }
     }
+    // After a shed pause the batch holds the execs of the whole pause, the oldest of them
+    // likely gone: the newest first, so the budget the pause refilled reads a process that
+    // still lives rather than failing on the exited ones (a failed snapshot is cheap, so the
+    // refill is spent on the first live one either way). After latest_exec_ is recorded.
+    if (paused) std::reverse(batch.begin(), execs_end);
+    paused = false;
     std::vector<Work> work;
     work.reserve(batch.size());
     // Due follow-ups: a forced snapshot and load of their image, if it still runs the program
@@ -894,8 +895,10 @@ void UnwindService::PollLoop() {
     // wake-up, a context switch, was most of the poll thread's CPU (perf: 29% of its samples
     // in the hypervisor's irq-enable after a switch at 2 ms). Within the budget an exec is read
     // at once, while a short-lived process still lives.
-    if (const int64_t have = exec_tokens_ns_.load(std::memory_order_relaxed);
-        !batch.empty() && have <= 0) {
+    // The bucket is refilled first (ExecBudgetLeft): a batch of other events after a quiet
+    // spell must not read an old debt and pause for nothing.
+    if (!batch.empty() && !ExecBudgetLeft(MonotonicNowNs())) {
+      const int64_t have = exec_tokens_ns_.load(std::memory_order_relaxed);
       const int64_t refill_ns =
           static_cast<int64_t>(static_cast<__int128>(-have) * 1000000000 / kExecRefillNsPerS);
       std::this_thread::sleep_for(

@@ -575,10 +575,12 @@ TEST_CASE("lifecycle e2e: exited processes past the new-process budget share ove
   CHECK(in_own <= kBudget * (spanned + 1));
   CHECK(in_shared >= kChildren - kBudget * (spanned + 1));
   REQUIRE(burn >= expected / 2);
-  // Counted: every merged child at least (other exited processes of the host too), one profile
-  // per image with --profiles=cpu.
+  // Counted: every merged child at least (other exited processes of the host too); with
+  // --profiles=cpu one profile per image and window (an image that ran across a boundary is
+  // merged in both windows and counted once as an image).
   CHECK(merged >= in_shared);
-  CHECK(merged_profiles == merged);
+  CHECK(merged_profiles >= merged);
+  CHECK(merged_profiles <= 2 * merged);
 }
 
 // exec replaces the image under one pid: each image gets its own directory (a new exec id)

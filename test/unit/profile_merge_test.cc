@@ -94,8 +94,12 @@ TEST_CASE("ProfileMerger gives each process's samples back by its pid label", "[
   REQUIRE(merger.Add(c, 300, "other").ok());
   CHECK(merger.profiles() == 3);
   CHECK(merger.samples() == 5);
+  // The estimate counts at least the serialized content (what the exporter bounds parts by).
+  const size_t approx = merger.approx_bytes();
   const pp::Profile m = merger.Take("note");
   CHECK(merger.empty());
+  CHECK(merger.approx_bytes() == 0);
+  CHECK(approx >= m.ByteSizeLong());
 
   const auto merged = Canon(m);
   REQUIRE(merged.size() == 3);

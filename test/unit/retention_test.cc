@@ -238,13 +238,25 @@ TEST_CASE("file exporter: past the new-process budget, exited processes share ov
   CHECK(exporter.retention_stats().files == 8);
   CHECK(Measure(root).files == 8);
 
-  // The next window has a budget again: a process merged before gets its own directory now.
+  // The next window: an image merged before (it ran across the boundary) is merged again, so
+  // it stays in one place; a new exited process gets a directory again (a fresh budget).
   exporter.EndWindow(absl::Now());
+  const uint32_t fresh = GonePids(1)[0];
   REQUIRE(exporter.Export(OneSample(gone[2], "process_cpu", kT0 + 1000, 5, "g")).ok());
-  CHECK(fs::exists(own_dir(gone[2]) + "/process_cpu-1700000001000.pb.gz"));
-  REQUIRE(exporter.Flush().ok());  // nothing merged: no file
-  CHECK(!fs::exists(root + "/overflow/0/process_cpu-1700000001000.pb.gz"));
-  CHECK(exporter.merged_processes() == 2);
+  REQUIRE(exporter.Export(OneSample(fresh, "process_cpu", kT0 + 1000, 6, "g")).ok());
+  CHECK(!fs::exists(absl::StrCat(root, "/", gone[2])));
+  CHECK(fs::exists(own_dir(fresh) + "/process_cpu-1700000001000.pb.gz"));
+  CHECK(exporter.merged_profiles() == 5);
+  CHECK(exporter.merged_processes() == 2);  // gone[2] was counted when first merged
+  // A part that cannot be written (overflow/ is a file here): Flush says so, and the profile it
+  // held is counted lost.
+  fs::remove_all(root + "/overflow");
+  std::ofstream(root + "/overflow") << "x";
+  absl::Status flushed = exporter.Flush();
+  CHECK(!flushed.ok());
+  CHECK(absl::StrContains(flushed.message(), "overflow"));
+  CHECK(exporter.TakeMergedLost() == 1);
+  CHECK(exporter.TakeMergedLost() == 0);
 
   // Without a budget (the default) nothing is ever merged.
   FileExporter unbounded(tmp.path() + "/unbounded");
