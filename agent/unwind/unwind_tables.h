@@ -122,11 +122,14 @@ class UnwindTables {
   // (/proc/<tgid>/stat field 22; 0: take it from /proc), building tables for files seen the
   // first time. exec_id: the image's (bpf/abi.h "Process identity"), PS_EXEC_ID_UNKNOWN when
   // not known. `snapshot`, when given, is the process as ProcessTable::Snapshot just read it: its
-  // maps and pinned files are used instead of reading /proc again. NotFound when the process is
-  // gone or is another process now.
+  // maps and pinned files are used instead of reading /proc again (a snapshot with a known
+  // `start_ticks` reads nothing: it was checked when taken). NotFound when the process is gone
+  // or is another process now.
   absl::Status LoadProcess(uint32_t tgid, uint64_t start_ticks = 0,
                            uint32_t exec_id = PS_EXEC_ID_UNKNOWN,
                            const proc::ProcessInfo* snapshot = nullptr);
+  // Counts a process that exited before its load (its snapshot found it gone): process_gone.
+  void CountGone() { ++stats_.process_gone; }
   // Reloads of a new image allowed kQuickReloadNs apart before the caller's rate applies.
   static constexpr uint32_t kQuickReloads = 4;
   static constexpr int64_t kQuickReloadNs = 2000000;  // 2 ms
@@ -299,6 +302,7 @@ class UnwindService {
   struct Work {
     ps_unwind_event event;
     std::shared_ptr<const proc::ProcessInfo> snapshot;  // null: none taken
+    bool gone = false;      // the snapshot found the image gone (exited, pid reused): no load
     int64_t queued_ns = 0;  // CLOCK_MONOTONIC when queued for TableLoop (debug timing)
   };
   static constexpr size_t kMaxQueued = 8192;
@@ -311,6 +315,9 @@ class UnwindService {
   // still shed after a clear is counted again).
   static constexpr size_t kMaxLatestExecs = 16384;
   static constexpr size_t kMaxImageEntries = 8192;
+  // How long a batch holding a NEW_PROCESS request waits for the exec that most often follows
+  // it (PollLoop), ns.
+  static constexpr int64_t kExecWaitNs = 1000000;
 
   std::unique_ptr<UnwindMaps> maps_;
   Poller poll_;
