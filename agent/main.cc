@@ -49,7 +49,7 @@ ABSL_FLAG(int64_t, output_max_bytes, 0,
           "the oldest windows are deleted first (0: no bound)");
 ABSL_FLAG(absl::Duration, output_max_age, absl::ZeroDuration(),
           "delete --output-dir's windows that started longer ago than this (0: keep them)");
-ABSL_FLAG(int64_t, output_max_new_processes, 128,
+ABSL_FLAG(int64_t, output_max_new_processes, 256,
           "new process directories --output-dir gets per window; past it, the profiles of "
           "processes already exited are merged into DIR/overflow/<part>/<profile>-<t0>.pb.gz, "
           "each sample labelled with its pid (process churn)");

@@ -46,7 +46,7 @@ struct Config {
   absl::Duration output_max_age = absl::ZeroDuration();
   // Process directories output_dir gets per window before the profiles of exited processes are
   // merged into DIR/overflow/ (export/file_exporter.h, "Process churn"); >= 0.
-  int64_t output_max_new_processes = 128;
+  int64_t output_max_new_processes = 256;
   LogLevel log_level = LogLevel::kInfo;
 
   // Pyroscope push (SPEC sections 4-6). Empty remote_url: no push.
