@@ -346,7 +346,7 @@ class AgentMetrics {
         "Executable files or processes left to frame pointers, by reason: no_cfi (no "
         ".eh_frame/.debug_frame), unreadable (cannot open or parse), budget_full (no room in "
         "--unwind-table-bytes), mappings_full (mapping slots exhausted), process_gone (exited "
-        "while being read), requests_lost (ring buffer full).",
+        "before or while being read), requests_lost (ring buffer full).",
         {"reason"}, [this] {
           unwind::UnwindTableStats s = bpf_->unwind_stats();
           return std::vector<CallbackSample>{

@@ -363,6 +363,15 @@ void UnwindTables::Unref(Table* t) {
   if (t != nullptr && t->refs > 0) --t->refs;
 }
 
+void UnwindTables::ForgetGone(uint32_t tgid, uint64_t start_ticks) {
+  ++stats_.process_gone;
+  if (auto it = processes_.find(tgid);
+      it != processes_.end() && it->second.start_ticks == start_ticks) {
+    DropProcess(tgid, it->second);
+    processes_.erase(it);
+  }
+}
+
 void UnwindTables::DropProcess(uint32_t tgid, Process& p) {
   maps_->DeleteProcess(tgid);
   Quarantine(false, p.map_first, p.map_count);
@@ -434,8 +443,9 @@ absl::Status UnwindTables::LoadProcess(uint32_t tgid, uint64_t start_ticks, uint
   }
   // Maps read here are the process's only if it is still the same process (pid reuse
   // meanwhile). A snapshot's were checked when it was taken (ProcessTable::ReadMaps): a process
-  // that exited since leaves an entry the walker never matches (it checks the start time) until
-  // SweepExited, and a /proc read (3 system calls per exec'd process) is saved.
+  // that exited since is loaded all the same and leaves an entry the walker never matches (it
+  // checks the start time) until SweepExited (10 s; the new-image budget bounds how many), and
+  // two /proc reads (6 system calls per exec'd process) are saved.
   if (snapshot == nullptr) {
     absl::StatusOr<uint64_t> again = StartTicks(proc_root_, tgid);
     if (!again.ok() || *again != start_ticks) {
@@ -735,6 +745,22 @@ void UnwindService::ScheduleFollowUp(const proc::ProcessInfo& snapshot, uint32_t
                          snapshot.exe_path});
 }
 
+bool UnwindService::AwaitsExec(const ps_unwind_event& e) const {
+  if (e.kind != PS_UNWIND_EVENT_NEW_PROCESS) return false;
+  {
+    std::lock_guard<std::mutex> l(exec_mu_);
+    auto it = latest_exec_.find(e.tgid);
+    // An image that came from a known exec (or one a later exec superseded) is not a fork child
+    // before its exec.
+    if (it != latest_exec_.end() && it->second.start_boot_ns == e.tgid_start_ns &&
+        static_cast<int32_t>(it->second.exec_id - e.exec_id) >= 0) {
+      return false;
+    }
+  }
+  return processes_ == nullptr ||
+         !processes_->HasSnapshot(proc::ProcessKey{e.tgid, e.tgid_start_ns, e.exec_id});
+}
+
 bool UnwindService::Superseded(const proc::ProcessKey& key) const {
   std::lock_guard<std::mutex> l(exec_mu_);
   auto it = latest_exec_.find(key.tgid);
@@ -768,40 +794,46 @@ void UnwindService::PollLoop() {
               std::strerror(-rc));
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    // The latest image of each process, from the kernel's exec events in arrival order (the
+    // last one wins): a follow-up of an older image is void (it would read the new image's maps
+    // under the old identity).
+    auto record_execs = [&](size_t from) {
+      std::lock_guard<std::mutex> l(exec_mu_);
+      for (size_t i = from; i < batch.size(); ++i) {
+        const ps_unwind_event& e = batch[i];
+        if (e.kind != PS_UNWIND_EVENT_EXEC) continue;
+        if (latest_exec_.size() >= kMaxLatestExecs) latest_exec_.clear();
+        latest_exec_[e.tgid] = {e.tgid_start_ns, e.exec_id};
+      }
+    };
+    record_execs(0);
     // A process the walker met before its exec event came is most often a fork child about to
     // exec (a shell running a command): by the time /proc is read it shows the new image, whose
     // maps would be filed under the old one's identity and read again at its exec event.
     // Measured, 1000 `/bin/true` run by sh: 807 NEW_PROCESS snapshots, nearly all of them
     // 2-mapping reads of the exec'd image. The exec follows the fork child's first switch
-    // within a millisecond, so a batch holding such a request waits that long for it: the
-    // events then share a batch, and the old image's request is superseded (Superseded). Not
-    // while new images are shed (the request would not be read anyway), nor after a shed pause
-    // (the batch spans the pause, exec events included): under continuous churn a second
-    // sleep per round raised the poll thread's switches from 10k to 14k per 30 s.
-    if (!stop_ && !paused && ExecBudgetLeft(MonotonicNowNs()) &&
-        std::any_of(batch.begin(), batch.end(), [](const ps_unwind_event& e) {
-          return e.kind == PS_UNWIND_EVENT_NEW_PROCESS;
-        })) {
+    // within a millisecond, so a batch holding such a request (AwaitsExec) waits that long for
+    // it: the events then share a batch, and the old image's request is superseded
+    // (Superseded). Not while new images are shed (the request would not be read anyway), nor
+    // after a shed pause (the batch spans the pause, exec events included): under continuous
+    // churn a second sleep per round raised the poll thread's switches from 10k to 14-18k per
+    // 30 s.
+    if (!stop_ && !paused &&
+        std::any_of(batch.begin(), batch.end(),
+                    [this](const ps_unwind_event& e) { return AwaitsExec(e); }) &&
+        ExecBudgetLeft(MonotonicNowNs())) {
+      const size_t drained = batch.size();
       std::this_thread::sleep_for(std::chrono::nanoseconds(kExecWaitNs));
       poll_(0, [&](const ps_unwind_event& e) { batch.push_back(e); });
+      record_execs(drained);
     }
     now = MonotonicNowNs();
     const int64_t handling_start = now;
     // Exec events first: a new image's maps must be read while it lives (a 20 ms process).
+    // Stable: the exec events keep their arrival order (latest_exec_ above took the last).
     auto execs_end = std::stable_partition(
         batch.begin(), batch.end(),
         [](const ps_unwind_event& e) { return e.kind == PS_UNWIND_EVENT_EXEC; });
-    // The latest image of each process, from the kernel's exec events in arrival order (the
-    // last one wins): a follow-up of an older image is void (it would read the new image's maps
-    // under the old identity).
-    {
-      std::lock_guard<std::mutex> l(exec_mu_);
-      for (const ps_unwind_event& e : batch) {
-        if (e.kind != PS_UNWIND_EVENT_EXEC) continue;
-        if (latest_exec_.size() >= kMaxLatestExecs) latest_exec_.clear();
-        latest_exec_[e.tgid] = {e.tgid_start_ns, e.exec_id};
-      }
-    }
     // After a shed pause the batch holds the execs of the whole pause, the oldest of them
     // likely gone: the newest first, so the budget the pause refilled reads a process that
     // still lives rather than failing on the exited ones (a failed snapshot is cheap, so the
@@ -987,8 +1019,12 @@ void UnwindService::TableLoop() {
                              e.kind == PS_UNWIND_EVENT_NEW_PROCESS;
       // The snapshot found the image gone: reading /proc again here would find it gone too
       // (two stat reads), under churn for most short-lived processes.
+      // Its later requests in this batch or the next 0.4 s are skipped as after a failed load
+      // (one image, one process_gone), and an entry of the dead process itself goes now.
       if (w.gone) {
-        tables_.CountGone();
+        tables_.ForgetGone(e.tgid, ticks);
+        if (retry_after_.size() >= kMaxImageEntries) retry_after_.clear();
+        retry_after_[e.tgid] = now + kRefreshNs * 2;
         continue;
       }
       const int64_t cpu0 = exec_work ? ThreadCpuNs() : 0;

@@ -123,13 +123,16 @@ class UnwindTables {
   // first time. exec_id: the image's (bpf/abi.h "Process identity"), PS_EXEC_ID_UNKNOWN when
   // not known. `snapshot`, when given, is the process as ProcessTable::Snapshot just read it: its
   // maps and pinned files are used instead of reading /proc again (a snapshot with a known
-  // `start_ticks` reads nothing: it was checked when taken). NotFound when the process is gone
-  // or is another process now.
+  // `start_ticks` reads nothing: it was checked when taken, and a process that exited since is
+  // loaded all the same, its entry swept later). Without a snapshot, NotFound when the process
+  // is gone or is another process now.
   absl::Status LoadProcess(uint32_t tgid, uint64_t start_ticks = 0,
                            uint32_t exec_id = PS_EXEC_ID_UNKNOWN,
                            const proc::ProcessInfo* snapshot = nullptr);
-  // Counts a process that exited before its load (its snapshot found it gone): process_gone.
-  void CountGone() { ++stats_.process_gone; }
+  // A process that exited before its load (its snapshot found it gone, NotFound): counted in
+  // process_gone, and its entry dropped if it is that process's (start time `start_ticks`; an
+  // entry of another start time may be the live process now reusing the pid). No /proc read.
+  void ForgetGone(uint32_t tgid, uint64_t start_ticks);
   // Reloads of a new image allowed kQuickReloadNs apart before the caller's rate applies.
   static constexpr uint32_t kQuickReloads = 4;
   static constexpr int64_t kQuickReloadNs = 2000000;  // 2 ms
@@ -265,7 +268,9 @@ class UnwindService {
 
  private:
   // Polls the ring buffer and snapshots each new process image at once (cheap: a maps read and
-  // some opens), so short-lived processes are read while they run, then queues the event.
+  // some opens), so short-lived processes are read while they run, then queues the event. A
+  // request for an image the walker met before its exec event came waits 1 ms for that exec
+  // (kExecWaitNs): a fork child about to exec is then superseded, not read.
   void PollLoop();
   // Builds tables and loads mapping lists from the queue (can take tens of ms per big file).
   void TableLoop();
@@ -318,6 +323,9 @@ class UnwindService {
   // How long a batch holding a NEW_PROCESS request waits for the exec that most often follows
   // it (PollLoop), ns.
   static constexpr int64_t kExecWaitNs = 1000000;
+  // True for a NEW_PROCESS request that may be a fork child's about to exec: no exec of its
+  // image or a later one is known (latest_exec_) and it has no snapshot yet.
+  bool AwaitsExec(const ps_unwind_event& e) const;
 
   std::unique_ptr<UnwindMaps> maps_;
   Poller poll_;
