@@ -150,6 +150,15 @@ class AgentMetrics {
               {{"runtime"}, static_cast<double>(c[PS_CTR_RUNTIME_MAP_FULL])}};
         }));
     regs_.push_back(registry->AddCallback(
+        MetricType::kGauge, "parascope_bpf_map_max_entries",
+        "Keys a buffer of a per-window BPF map holds before its inserts are dropped "
+        "(parascope_bpf_events_dropped_total), by map: runtime is allocated on use where the "
+        "kernel allows it (Linux 6.1+), else preallocated and smaller.",
+        {"map"}, [this] {
+          return std::vector<CallbackSample>{
+              {{"runtime"}, static_cast<double>(bpf_->runtime_map_entries())}};
+        }));
+    regs_.push_back(registry->AddCallback(
         MetricType::kCounter, "parascope_bpf_map_busy_total",
         "BPF map inserts that found the map's bucket lock held on their CPU (-EBUSY, Linux "
         "5.11+): the sample, interval or stack is lost as with a full map, but the map is not "

@@ -337,6 +337,8 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_RUNNING_ENTRIES 32768     /* processes with a parallelism count */
 #define PS_OFFCPU_MAP_ENTRIES 16384
 #define PS_RUNTIME_MAP_ENTRIES 8192
+/* ps_runtime<N> where hash maps allocate on use (Linux 6.1+, agent/bpf/programs.cc LoadSched). */
+#define PS_RUNTIME_MAP_ENTRIES_DYNAMIC 65536
 
 /* ---- User-stack unwinding from .eh_frame / .debug_frame (bpf/unwind.bpf.h, agent/unwind/) ----
  *

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -254,6 +255,34 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
       return LibbpfError(rc, "sizing the off-CPU stack maps");
     }
   }
+  btf* vmlinux = btf__load_vmlinux_btf();
+  if (vmlinux == nullptr) return LibbpfError(-errno, "loading the kernel's BTF");
+  absl::Cleanup free_vmlinux = [vmlinux] { btf__free(vmlinux); };
+  // ps_runtime<N>: a key per process image that ran in the window, so under process churn (each
+  // fork and each exec is a new image: `sh -c 'while :; do /bin/true; done'` makes about 2,000
+  // a second here) the preallocated PS_RUNTIME_MAP_ENTRIES filled within seconds and the exact
+  // on-CPU time of the rest was counted as dropped. Where hash maps allocate elements from
+  // bpf_mem_alloc (kernel/bpf/memalloc.c, Linux 6.1; usable from any program context since
+  // commit 96da3f7d489d "bpf: Remove tracing program restriction on map types"), the maps are
+  // not preallocated: kernel memory follows the images that ran (about 96 bytes each: struct
+  // htab_elem, the 16-byte key and the 8-byte value), up to PS_RUNTIME_MAP_ENTRIES_DYNAMIC a
+  // window (6 MiB a buffer at most). Below 6.1 an allocation in sched_switch could run under the
+  // allocator's own locks (the verifier's "run-time allocated hash maps are unsafe"), so the maps
+  // stay preallocated there.
+  runtime_map_entries_ = PS_RUNTIME_MAP_ENTRIES;
+  if (btf__find_by_name_kind(vmlinux, "bpf_mem_alloc", BTF_KIND_STRUCT) >= 0) {
+    for (bpf_map* m : {sched_->maps.ps_runtime0, sched_->maps.ps_runtime1}) {
+      if (int rc = bpf_map__set_map_flags(m, bpf_map__map_flags(m) | BPF_F_NO_PREALLOC); rc) {
+        return LibbpfError(rc, "making the runtime maps allocate on use");
+      }
+      if (int rc = bpf_map__set_max_entries(m, PS_RUNTIME_MAP_ENTRIES_DYNAMIC); rc) {
+        return LibbpfError(rc, "sizing the runtime maps");
+      }
+    }
+    runtime_map_entries_ = PS_RUNTIME_MAP_ENTRIES_DYNAMIC;
+  }
+  Log(LogLevel::kDebug, "ps_runtime<N>: %d entries a buffer, %s", runtime_map_entries_,
+      runtime_map_entries_ == PS_RUNTIME_MAP_ENTRIES ? "preallocated" : "allocated on use");
   const bool follow_forks = options.tree_root != 0;
   sched_->rodata->ps_cfg_filter_tgid = !options.tgids.empty() || follow_forks ? 1 : 0;
   sched_->rodata->ps_cfg_group = options.latency_group;
@@ -273,10 +302,7 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   // 4 (prev_state, Linux 5.18+) -> ps_sched_switch, 3 -> ps_sched_switch3 (bpf/sched.bpf.c).
   int args = options.sched_switch_args;
   if (args == 0) {
-    btf* vmlinux = btf__load_vmlinux_btf();
-    if (vmlinux == nullptr) return LibbpfError(-errno, "loading the kernel's BTF");
     args = TracepointArgCount(vmlinux, "sched_switch");
-    btf__free(vmlinux);
     if (args < 3) {
       std::string why = args < 0 ? std::strerror(-args) : absl::StrCat(args, " arguments");
       return absl::FailedPreconditionError(absl::StrCat(

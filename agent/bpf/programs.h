@@ -112,6 +112,10 @@ class BpfPrograms : public WindowSource {
   int64_t start_mono_ns() const { return window_start_ns_; }
   // How sched_switch is attached: "tp_btf" ("" without sched).
   const std::string& sched_attach_kind() const { return sched_kind_; }
+  // Keys each ps_runtime<N> buffer holds (exact on-CPU time per process image and window):
+  // PS_RUNTIME_MAP_ENTRIES preallocated, or PS_RUNTIME_MAP_ENTRIES_DYNAMIC allocated on use where
+  // the kernel allows it (Linux 6.1+, LoadSched); 0 without sched.bpf.o.
+  uint32_t runtime_map_entries() const { return runtime_map_entries_; }
 
  private:
   BpfPrograms() = default;
@@ -144,6 +148,7 @@ class BpfPrograms : public WindowSource {
   bpf_program* sampler_ = nullptr;  // the perf_event program loaded: ps_on_cpu_sample[_vma]
   sched_bpf* sched_ = nullptr;
   std::string sched_kind_;
+  uint32_t runtime_map_entries_ = 0;
   uint32_t tree_root_ = 0;
   SamplingEvents events_;
   std::vector<bpf_link*> links_;
