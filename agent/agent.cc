@@ -152,10 +152,11 @@ class AgentMetrics {
     regs_.push_back(registry->AddCallback(
         MetricType::kGauge, "parascope_bpf_map_max_entries",
         "Keys a buffer of a per-window BPF map holds before its inserts are dropped "
-        "(parascope_bpf_events_dropped_total), by map: runtime is allocated on use where the "
-        "kernel allows it (Linux 6.1+), else preallocated and smaller.",
+        "(parascope_bpf_events_dropped_total), by map: allocated on use where the kernel allows "
+        "it (Linux 6.1+), else preallocated and smaller.",
         {"map"}, [this] {
           return std::vector<CallbackSample>{
+              {{"offcpu"}, static_cast<double>(bpf_->offcpu_map_entries())},
               {{"runtime"}, static_cast<double>(bpf_->runtime_map_entries())}};
         }));
     regs_.push_back(registry->AddCallback(

@@ -337,8 +337,9 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_RUNNING_ENTRIES 32768     /* processes with a parallelism count */
 #define PS_OFFCPU_MAP_ENTRIES 16384
 #define PS_RUNTIME_MAP_ENTRIES 8192
-/* ps_runtime<N> where hash maps allocate on use (Linux 6.1+, agent/bpf/programs.cc LoadSched). */
-#define PS_RUNTIME_MAP_ENTRIES_DYNAMIC 65536
+/* ps_runtime<N> and ps_offcpu<N> where hash maps allocate on use (Linux 6.1+,
+ * agent/bpf/programs.cc LoadSched); the two above are their preallocated sizes below 6.1. */
+#define PS_PER_WINDOW_MAP_ENTRIES_ON_USE 65536
 
 /* ---- User-stack unwinding from .eh_frame / .debug_frame (bpf/unwind.bpf.h, agent/unwind/) ----
  *

@@ -258,31 +258,47 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   btf* vmlinux = btf__load_vmlinux_btf();
   if (vmlinux == nullptr) return LibbpfError(-errno, "loading the kernel's BTF");
   absl::Cleanup free_vmlinux = [vmlinux] { btf__free(vmlinux); };
-  // ps_runtime<N>: a key per process image that ran in the window, so under process churn (each
-  // fork and each exec is a new image: `sh -c 'while :; do /bin/true; done'` makes about 2,000
-  // a second here) the preallocated PS_RUNTIME_MAP_ENTRIES filled within seconds and the exact
-  // on-CPU time of the rest was counted as dropped. Where hash maps allocate elements from
+  // The per-window maps keyed by process image (ps_runtime<N>: exact on-CPU time) and by thread
+  // and stack (ps_offcpu<N>: off-CPU intervals) take a key for each process that ran or waited
+  // in the window, so under process churn (each fork and each exec is a new image: `sh -c
+  // 'while :; do /bin/true; done'` makes about 2,000 a second here) preallocated buffers filled
+  // within seconds and the rest was counted as dropped: the exact on-CPU time and the off-CPU
+  // intervals of the processes past 8192 and 16384. Where hash maps allocate elements from
   // bpf_mem_alloc (kernel/bpf/memalloc.c, Linux 6.1; usable from any program context since
-  // commit 96da3f7d489d "bpf: Remove tracing program restriction on map types"), the maps are
-  // not preallocated: kernel memory follows the images that ran (about 96 bytes each: struct
-  // htab_elem, the 16-byte key and the 8-byte value), up to PS_RUNTIME_MAP_ENTRIES_DYNAMIC a
-  // window (6 MiB a buffer at most). Below 6.1 an allocation in sched_switch could run under the
-  // allocator's own locks (the verifier's "run-time allocated hash maps are unsafe"), so the maps
-  // stay preallocated there.
-  runtime_map_entries_ = PS_RUNTIME_MAP_ENTRIES;
-  if (btf__find_by_name_kind(vmlinux, "bpf_mem_alloc", BTF_KIND_STRUCT) >= 0) {
-    for (bpf_map* m : {sched_->maps.ps_runtime0, sched_->maps.ps_runtime1}) {
-      if (int rc = bpf_map__set_map_flags(m, bpf_map__map_flags(m) | BPF_F_NO_PREALLOC); rc) {
-        return LibbpfError(rc, "making the runtime maps allocate on use");
+  // commit 96da3f7d489d "bpf: Remove tracing program restriction on map types"), these maps are
+  // not preallocated: kernel memory follows the keys used (struct htab_elem, key and value:
+  // about 96 bytes a runtime key, 128 an off-CPU key), up to 65536 keys a buffer (6 and 8 MiB
+  // at most; an idle host uses less than the preallocated maps did). Below 6.1 an allocation in
+  // sched_switch could run under the allocator's own locks (the verifier's "run-time allocated
+  // hash maps are unsafe"), so the maps stay preallocated there.
+  const bool on_use = btf__find_by_name_kind(vmlinux, "bpf_mem_alloc", BTF_KIND_STRUCT) >= 0;
+  struct PerWindow {
+    bpf_map* buffers[PS_NUM_BUFFERS];
+    uint32_t preallocated;
+    uint32_t* entries;
+    const char* name;
+  };
+  for (const PerWindow& w : {PerWindow{{sched_->maps.ps_runtime0, sched_->maps.ps_runtime1},
+                                       PS_RUNTIME_MAP_ENTRIES,
+                                       &runtime_map_entries_,
+                                       "ps_runtime<N>"},
+                             PerWindow{{sched_->maps.ps_offcpu0, sched_->maps.ps_offcpu1},
+                                       PS_OFFCPU_MAP_ENTRIES,
+                                       &offcpu_map_entries_,
+                                       "ps_offcpu<N>"}}) {
+    *w.entries = on_use ? PS_PER_WINDOW_MAP_ENTRIES_ON_USE : w.preallocated;
+    for (bpf_map* m : w.buffers) {
+      if (int rc = bpf_map__set_max_entries(m, *w.entries); rc) {
+        return LibbpfError(rc, absl::StrCat("sizing ", w.name));
       }
-      if (int rc = bpf_map__set_max_entries(m, PS_RUNTIME_MAP_ENTRIES_DYNAMIC); rc) {
-        return LibbpfError(rc, "sizing the runtime maps");
+      if (!on_use) continue;
+      if (int rc = bpf_map__set_map_flags(m, bpf_map__map_flags(m) | BPF_F_NO_PREALLOC); rc) {
+        return LibbpfError(rc, absl::StrCat("making ", w.name, " allocate on use"));
       }
     }
-    runtime_map_entries_ = PS_RUNTIME_MAP_ENTRIES_DYNAMIC;
+    Log(LogLevel::kDebug, "%s: %d keys a buffer, %s", w.name, *w.entries,
+        on_use ? "allocated on use" : "preallocated");
   }
-  Log(LogLevel::kDebug, "ps_runtime<N>: %d entries a buffer, %s", runtime_map_entries_,
-      runtime_map_entries_ == PS_RUNTIME_MAP_ENTRIES ? "preallocated" : "allocated on use");
   const bool follow_forks = options.tree_root != 0;
   sched_->rodata->ps_cfg_filter_tgid = !options.tgids.empty() || follow_forks ? 1 : 0;
   sched_->rodata->ps_cfg_group = options.latency_group;

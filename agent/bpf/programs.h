@@ -112,10 +112,12 @@ class BpfPrograms : public WindowSource {
   int64_t start_mono_ns() const { return window_start_ns_; }
   // How sched_switch is attached: "tp_btf" ("" without sched).
   const std::string& sched_attach_kind() const { return sched_kind_; }
-  // Keys each ps_runtime<N> buffer holds (exact on-CPU time per process image and window):
-  // PS_RUNTIME_MAP_ENTRIES preallocated, or PS_RUNTIME_MAP_ENTRIES_DYNAMIC allocated on use where
+  // Keys each buffer of ps_runtime<N> (exact on-CPU time per process image and window) and of
+  // ps_offcpu<N> (off-CPU intervals per thread and stack) holds: PS_RUNTIME_MAP_ENTRIES and
+  // PS_OFFCPU_MAP_ENTRIES preallocated, or PS_PER_WINDOW_MAP_ENTRIES_ON_USE allocated on use where
   // the kernel allows it (Linux 6.1+, LoadSched); 0 without sched.bpf.o.
   uint32_t runtime_map_entries() const { return runtime_map_entries_; }
+  uint32_t offcpu_map_entries() const { return offcpu_map_entries_; }
 
  private:
   BpfPrograms() = default;
@@ -149,6 +151,7 @@ class BpfPrograms : public WindowSource {
   sched_bpf* sched_ = nullptr;
   std::string sched_kind_;
   uint32_t runtime_map_entries_ = 0;
+  uint32_t offcpu_map_entries_ = 0;
   uint32_t tree_root_ = 0;
   SamplingEvents events_;
   std::vector<bpf_link*> links_;
