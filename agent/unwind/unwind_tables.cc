@@ -990,6 +990,12 @@ void UnwindService::TableLoop() {
     std::lock_guard<std::mutex> l(mu_);
     const int64_t now = MonotonicNowNs();
     int loads = 0;
+    // An image whose load failed, or whose snapshot found it gone, is not loaded again for 0.4 s
+    // unless it execs (one image, one failure counted).
+    auto retry_later = [&](uint32_t tgid) {
+      if (retry_after_.size() >= kMaxImageEntries) retry_after_.clear();
+      retry_after_[tgid] = now + kRefreshNs * 2;
+    };
     for (const Work& w : batch) {
       const ps_unwind_event& e = w.event;
       uint64_t ticks = e.tgid_start_ns / PS_NS_PER_TICK;
@@ -1023,8 +1029,7 @@ void UnwindService::TableLoop() {
       // (one image, one process_gone), and an entry of the dead process itself goes now.
       if (w.gone) {
         tables_.ForgetGone(e.tgid, ticks);
-        if (retry_after_.size() >= kMaxImageEntries) retry_after_.clear();
-        retry_after_[e.tgid] = now + kRefreshNs * 2;
+        retry_later(e.tgid);
         continue;
       }
       const int64_t cpu0 = exec_work ? ThreadCpuNs() : 0;
@@ -1035,10 +1040,7 @@ void UnwindService::TableLoop() {
         Log(LogLevel::kDebug, "process %d (exec %d): table of event %d loaded %.1f ms after queued",
             e.tgid, e.exec_id, e.kind, late / 1e6);
       }
-      if (!s.ok()) {
-        if (retry_after_.size() >= kMaxImageEntries) retry_after_.clear();
-        retry_after_[e.tgid] = now + kRefreshNs * 2;  // a failed load is retried after 0.4 s
-      }
+      if (!s.ok()) retry_later(e.tgid);
     }
     const size_t handled = batch.size();
     batch.clear();
