@@ -140,7 +140,8 @@ class AgentMetrics {
         }));
     regs_.push_back(registry->AddCallback(
         MetricType::kCounter, "parascope_bpf_events_dropped_total",
-        "Scheduler events whose accounting was dropped because a BPF map was full, by map.",
+        "Scheduler events whose accounting was dropped because a BPF map was full (or, for a "
+        "map allocated on use, no element could be allocated), by map.",
         {"map"}, [this] {
           BpfCounters c = bpf_->Counters();
           return std::vector<CallbackSample>{
@@ -155,9 +156,12 @@ class AgentMetrics {
         "(parascope_bpf_events_dropped_total), by map: allocated on use where the kernel allows "
         "it (Linux 6.1+), else preallocated and smaller.",
         {"map"}, [this] {
-          return std::vector<CallbackSample>{
-              {{"offcpu"}, static_cast<double>(bpf_->offcpu_map_entries())},
-              {{"runtime"}, static_cast<double>(bpf_->runtime_map_entries())}};
+          std::vector<CallbackSample> out;  // none without sched.bpf.o
+          if (bpf_->runtime_map_entries() != 0) {
+            out.push_back({{"offcpu"}, static_cast<double>(bpf_->offcpu_map_entries())});
+            out.push_back({{"runtime"}, static_cast<double>(bpf_->runtime_map_entries())});
+          }
+          return out;
         }));
     regs_.push_back(registry->AddCallback(
         MetricType::kCounter, "parascope_bpf_map_busy_total",

@@ -324,9 +324,11 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 
 /* Default capacities; the daemon sizes ps_stacks<N> and ps_oncpu<N> before load from the CPU count,
  * frequency and window, ps_sched_stacks<N> by whether off-CPU stacks are taken, and ps_threads
- * from the host's threads (agent/bpf/programs.cc). Every hash map is preallocated (perf_event
- * programs may only use preallocated hash maps, and sched_switch must not allocate under the
- * run-queue lock): about sizeof(struct ps_stack) bytes per stack entry. */
+ * from the host's threads (agent/bpf/programs.cc). Hash maps are preallocated (perf_event
+ * programs may only use preallocated hash maps before Linux 6.1, and sched_switch must not
+ * kmalloc under the run-queue lock, sched.bpf.c ps_threads): about sizeof(struct ps_stack) bytes
+ * per stack entry. Exceptions: on Linux 6.1+, whose hash maps allocate from bpf_mem_alloc,
+ * ps_runtime<N> and ps_offcpu<N> (*_ON_USE below). */
 #define PS_STACK_MAP_ENTRIES 4096
 #define PS_SCHED_STACK_MAP_ENTRIES 8192 /* off-CPU stacks per buffer (ps_sched_stacks<N>) */
 #define PS_ONCPU_MAP_ENTRIES 4096
@@ -339,7 +341,8 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_RUNTIME_MAP_ENTRIES 8192
 /* ps_runtime<N> and ps_offcpu<N> where hash maps allocate on use (Linux 6.1+,
  * agent/bpf/programs.cc LoadSched); the two above are their preallocated sizes below 6.1. */
-#define PS_PER_WINDOW_MAP_ENTRIES_ON_USE 65536
+#define PS_RUNTIME_MAP_ENTRIES_ON_USE 65536
+#define PS_OFFCPU_MAP_ENTRIES_ON_USE 32768
 
 /* ---- User-stack unwinding from .eh_frame / .debug_frame (bpf/unwind.bpf.h, agent/unwind/) ----
  *

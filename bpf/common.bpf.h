@@ -9,7 +9,9 @@
 /* errno values (include/uapi/asm-generic/errno-base.h, errno.h); vmlinux.h has no macros. */
 #define ENOENT 2
 #define E2BIG 7 /* a full preallocated hash (kernel/bpf/hashtab.c alloc_htab_elem) */
-#define ENOMEM 12
+#define ENOMEM                                                                      \
+  12 /* a hash allocated on use could not get an element (Linux 6.1+ bpf_mem_alloc) \
+      */
 #define EFAULT 14
 #define EBUSY 16 /* the bucket lock is held on this CPU (htab_lock_bucket, Linux 5.11+) */
 #define EEXIST 17

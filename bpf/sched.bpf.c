@@ -45,6 +45,8 @@ struct {
   __type(value, struct ps_thread_state);
 } ps_threads SEC(".maps");
 
+/* Off-CPU intervals and exact on-CPU time, a buffer each per window: sized, and on Linux 6.1+
+ * made BPF_F_NO_PREALLOC, by the daemon before load (agent/bpf/programs.cc LoadSched). */
 struct ps_offcpu_map {
   __uint(type, BPF_MAP_TYPE_HASH);
   __uint(max_entries, PS_OFFCPU_MAP_ENTRIES);

@@ -208,6 +208,26 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   return self;
 }
 
+namespace {
+// True when the kernel's hash maps take their elements from bpf_mem_alloc (Linux 6.1: struct
+// bpf_htab in kernel/bpf/hashtab.c gained `struct bpf_mem_alloc ma`), read from its BTF rather
+// than its version, so a backport counts and a kernel with the allocator but not the conversion
+// does not.
+bool HashMapsAllocateFromBpfMemAlloc(const btf* vmlinux) {
+  const int htab = btf__find_by_name_kind(vmlinux, "bpf_htab", BTF_KIND_STRUCT);
+  if (htab < 0) return false;
+  const btf_type* t = btf__type_by_id(vmlinux, htab);
+  const btf_member* m = btf_members(t);
+  for (int i = 0; i < btf_vlen(t); ++i, ++m) {
+    if (std::strcmp(btf__name_by_offset(vmlinux, m->name_off), "ma") != 0) continue;
+    const btf_type* mt = btf__type_by_id(vmlinux, m->type);
+    return mt != nullptr && btf_is_struct(mt) &&
+           std::strcmp(btf__name_by_offset(vmlinux, mt->name_off), "bpf_mem_alloc") == 0;
+  }
+  return false;
+}
+}  // namespace
+
 absl::Status BpfPrograms::LoadSched(const Options& options) {
   sched_ = sched_bpf::open();
   if (sched_ == nullptr) return LibbpfError(-errno, "opening sched.bpf.o");
@@ -263,32 +283,39 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   // in the window, so under process churn (each fork and each exec is a new image: `sh -c
   // 'while :; do /bin/true; done'` makes about 2,000 a second here) preallocated buffers filled
   // within seconds and the rest was counted as dropped: the exact on-CPU time and the off-CPU
-  // intervals of the processes past 8192 and 16384. Where hash maps allocate elements from
-  // bpf_mem_alloc (kernel/bpf/memalloc.c, Linux 6.1; usable from any program context since
-  // commit 96da3f7d489d "bpf: Remove tracing program restriction on map types"), these maps are
-  // not preallocated: kernel memory follows the keys used (struct htab_elem, key and value:
-  // about 96 bytes a runtime key, 128 an off-CPU key), up to 65536 keys a buffer (6 and 8 MiB
-  // at most; an idle host uses less than the preallocated maps did). Below 6.1 an allocation in
-  // sched_switch could run under the allocator's own locks (the verifier's "run-time allocated
-  // hash maps are unsafe"), so the maps stay preallocated there.
-  const bool on_use = btf__find_by_name_kind(vmlinux, "bpf_mem_alloc", BTF_KIND_STRUCT) >= 0;
+  // intervals of the processes past 8192 and 16384 keys. Where hash maps allocate elements from
+  // bpf_mem_alloc (kernel/bpf/memalloc.c, Linux 6.1, "bpf: Convert hash map to bpf_mem_alloc",
+  // found by HashMapsAllocateFromBpfMemAlloc; its per-CPU free lists are refilled from irq_work, so
+  // sched_switch never enters the slab allocator under the run-queue lock), these maps are not
+  // preallocated: kernel memory follows the keys used, 96 bytes a runtime key and 192 an off-CPU
+  // key (struct htab_elem, key, value and bpf_mem_alloc's 8-byte header, rounded up to its size
+  // classes), plus 16 bytes of bucket per possible key at load. At most 7 MiB a runtime buffer
+  // (65536 keys) and 6.5 MiB an off-CPU one (32768), 27 MiB for the four; idle, about 3 MiB of
+  // buckets, against about 6 MiB for the four preallocated maps. Below 6.1 the element would come
+  // from kmalloc(GFP_ATOMIC) (kernel/bpf/hashtab.c alloc_htab_elem), which may wake kswapd and so
+  // take a run-queue lock (the ps_threads comment in bpf/sched.bpf.c): the maps stay preallocated
+  // there. Without off-CPU tracking nothing is stored in ps_offcpu<N>: one key.
+  const bool on_use = HashMapsAllocateFromBpfMemAlloc(vmlinux);
   struct PerWindow {
     bpf_map* buffers[PS_NUM_BUFFERS];
-    uint32_t preallocated;
-    uint32_t* entries;
+    uint32_t entries;
+    uint32_t* sized;
     const char* name;
   };
   for (const PerWindow& w : {PerWindow{{sched_->maps.ps_runtime0, sched_->maps.ps_runtime1},
-                                       PS_RUNTIME_MAP_ENTRIES,
+                                       on_use ? uint32_t{PS_RUNTIME_MAP_ENTRIES_ON_USE}
+                                              : uint32_t{PS_RUNTIME_MAP_ENTRIES},
                                        &runtime_map_entries_,
                                        "ps_runtime<N>"},
                              PerWindow{{sched_->maps.ps_offcpu0, sched_->maps.ps_offcpu1},
-                                       PS_OFFCPU_MAP_ENTRIES,
+                                       !options.offcpu ? uint32_t{1}
+                                       : on_use        ? uint32_t{PS_OFFCPU_MAP_ENTRIES_ON_USE}
+                                                       : uint32_t{PS_OFFCPU_MAP_ENTRIES},
                                        &offcpu_map_entries_,
                                        "ps_offcpu<N>"}}) {
-    *w.entries = on_use ? PS_PER_WINDOW_MAP_ENTRIES_ON_USE : w.preallocated;
+    *w.sized = w.entries;
     for (bpf_map* m : w.buffers) {
-      if (int rc = bpf_map__set_max_entries(m, *w.entries); rc) {
+      if (int rc = bpf_map__set_max_entries(m, w.entries); rc) {
         return LibbpfError(rc, absl::StrCat("sizing ", w.name));
       }
       if (!on_use) continue;
@@ -296,7 +323,7 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
         return LibbpfError(rc, absl::StrCat("making ", w.name, " allocate on use"));
       }
     }
-    Log(LogLevel::kDebug, "%s: %d keys a buffer, %s", w.name, *w.entries,
+    Log(LogLevel::kDebug, "%s: %d keys a buffer, %s", w.name, w.entries,
         on_use ? "allocated on use" : "preallocated");
   }
   const bool follow_forks = options.tree_root != 0;

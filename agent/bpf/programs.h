@@ -114,8 +114,9 @@ class BpfPrograms : public WindowSource {
   const std::string& sched_attach_kind() const { return sched_kind_; }
   // Keys each buffer of ps_runtime<N> (exact on-CPU time per process image and window) and of
   // ps_offcpu<N> (off-CPU intervals per thread and stack) holds: PS_RUNTIME_MAP_ENTRIES and
-  // PS_OFFCPU_MAP_ENTRIES preallocated, or PS_PER_WINDOW_MAP_ENTRIES_ON_USE allocated on use where
-  // the kernel allows it (Linux 6.1+, LoadSched); 0 without sched.bpf.o.
+  // PS_OFFCPU_MAP_ENTRIES preallocated, or PS_RUNTIME_MAP_ENTRIES_ON_USE and
+  // PS_OFFCPU_MAP_ENTRIES_ON_USE allocated on use where the kernel allows it (Linux 6.1+,
+  // LoadSched); 0 without sched.bpf.o, and 1 off-CPU key without off-CPU tracking.
   uint32_t runtime_map_entries() const { return runtime_map_entries_; }
   uint32_t offcpu_map_entries() const { return offcpu_map_entries_; }
 
