@@ -243,12 +243,15 @@ class AgentMetrics {
         }));
     regs_.push_back(registry->AddCallback(
         MetricType::kCounter, "parascope_offcpu_stack_sampling_total",
-        "Off-CPU stack sampling (--off-cpu-stack-rate): switch-outs whose stacks were not "
-        "captured, and short intervals counted w times to stand for them.",
+        "Off-CPU stack sampling: switch-outs whose stacks were not captured for the thread's "
+        "rate (not_captured, --off-cpu-stack-rate) or for the CPU's budget (over_budget, "
+        "--off-cpu-stack-budget), and captured intervals counted more than once to stand for "
+        "them (weighted).",
         {"event"}, [this] {
           BpfCounters c = bpf_->Counters();
           return std::vector<CallbackSample>{
               {{"not_captured"}, static_cast<double>(c[PS_CTR_OFFCPU_NOT_CAPTURED])},
+              {{"over_budget"}, static_cast<double>(c[PS_CTR_OFFCPU_OVER_BUDGET])},
               {{"weighted"}, static_cast<double>(c[PS_CTR_OFFCPU_WEIGHTED])}};
         }));
     regs_.push_back(registry->AddCallback(
@@ -1009,6 +1012,7 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
   opts.offcpu = config.profiles.needs_offcpu();
   opts.min_offcpu_ns = absl::ToInt64Nanoseconds(config.off_cpu_min_duration);
   opts.offcpu_stack_rate = static_cast<uint32_t>(config.off_cpu_stack_rate);
+  opts.offcpu_stack_budget = static_cast<uint32_t>(config.off_cpu_stack_budget);
   opts.unwind_table_bytes = static_cast<uint64_t>(config.unwind_table_bytes);
   // Open files: pinned mapped files and perf maps, BPF maps and programs, perf events (one per
   // CPU), sockets. The soft RLIMIT_NOFILE (often 1024) is raised to the hard one (setrlimit(2);
@@ -1063,6 +1067,15 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
         " times/s are captured at random (probability 1/w, w = rate/", config.off_cpu_stack_rate,
         "); a captured interval under ", PS_EXACT_OFFCPU_NS / 1000000,
         " ms counts w times (unbiased), longer intervals count once, exactly");
+  }
+  if (config.off_cpu_stack_budget > 0) {
+    absl::StrAppend(&popts.offcpu_description,
+                    popts.offcpu_description.empty() ? "parascope: " : "; ",
+                    "a CPU capturing more than ", config.off_cpu_stack_budget,
+                    " off-CPU stacks/s captures each at random (probability 1/c, c = rate/",
+                    config.off_cpu_stack_budget, "); a captured interval under ",
+                    PS_BUDGET_EXACT_OFFCPU_NS / 1000000,
+                    " ms counts c times more (unbiased), longer intervals count once, exactly");
   }
   // --latency-group=cgroup: the latency profiles are the cgroups' (group_set, which also builds
   // each cgroup's CPU profile for the summary); the per-process set builds the other types.
@@ -1424,9 +1437,11 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
   const BpfMapStats& ms = bpf->map_stats();
   const unwind::UnwindTableStats us = bpf->unwind_stats();
   Log(LogLevel::kInfo,
-      "stopped: windows=%d flip_wait_timeouts=%d samples_taken=%d samples_in_profiles=%d profiles_written=%d "
+      "stopped: windows=%d flip_wait_timeouts=%d samples_taken=%d samples_in_profiles=%d "
+      "profiles_written=%d "
       "export_errors=%d switches=%d switches_unseen(chain=%d sample=%d) "
-      "offcpu_stacks(not_captured=%d weighted=%d) offcpu_ns=%d sampled_cpu_ns=%d exact_cpu_ns=%d "
+      "offcpu_stacks(not_captured=%d over_budget=%d weighted=%d) offcpu_ns=%d sampled_cpu_ns=%d "
+      "exact_cpu_ns=%d "
       "samples_parallelism_unknown=%d parallelism_uncounted=%d lost(agg_map_full=%d "
       "stack_map_full=%d thread_map_full=%d offcpu_map_full=%d running_map_full=%d "
       "runtime_map_full=%d map_busy=%d) "
@@ -1434,21 +1449,22 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
       "thread_states_max=%d symbolize(frames=%d no_mapping=%d no_elf=%d no_symbol=%d "
       "kernel_no_symbol=%d) processes(vanished=%d) unwind(complete=%d truncated=%d "
       "no_table_yet=%d no_table_for_pc=%d read_fault=%d bad_frame=%d fp_frames=%d vma_frames=%d "
-      "vma_cache_full=%d tables=%d table_bytes=%d built=%d evicted=%d budget_full=%d files=%d files_full=%d)",
-      windows, bpf->flip_wait_timeouts(), c[PS_CTR_SAMPLES], ps.samples, profiles_written, export_errors,
-      c[PS_CTR_SWITCHES], c[PS_CTR_SWITCH_CHAIN_BREAKS], c[PS_CTR_SAMPLE_REPAIRS],
-      c[PS_CTR_OFFCPU_NOT_CAPTURED], c[PS_CTR_OFFCPU_WEIGHTED], ps.offcpu_ns, ps.sampled_cpu_ns, ps.exact_cpu_ns,
-      ps.samples_parallelism_unknown, c[PS_CTR_RUNNING_UNCOUNTED], c[PS_CTR_AGG_MAP_FULL],
-      c[PS_CTR_STACK_MAP_FULL], c[PS_CTR_THREAD_MAP_FULL], c[PS_CTR_OFFCPU_MAP_FULL],
-      c[PS_CTR_RUNNING_MAP_FULL], c[PS_CTR_RUNTIME_MAP_FULL], c[PS_CTR_MAP_BUSY],
-      ps.user_stack_lost, ps.kernel_stack_lost, ps.truncated,
-      ms.stacks_missing, ms.thread_states, ms.thread_states_max, ss.frames, ss.no_mapping,
-      ss.no_elf, ss.no_symbol, ss.kernel_no_symbol, processes.vanished(),
+      "vma_cache_full=%d tables=%d table_bytes=%d built=%d evicted=%d budget_full=%d files=%d "
+      "files_full=%d)",
+      windows, bpf->flip_wait_timeouts(), c[PS_CTR_SAMPLES], ps.samples, profiles_written,
+      export_errors, c[PS_CTR_SWITCHES], c[PS_CTR_SWITCH_CHAIN_BREAKS], c[PS_CTR_SAMPLE_REPAIRS],
+      c[PS_CTR_OFFCPU_NOT_CAPTURED], c[PS_CTR_OFFCPU_OVER_BUDGET], c[PS_CTR_OFFCPU_WEIGHTED],
+      ps.offcpu_ns, ps.sampled_cpu_ns, ps.exact_cpu_ns, ps.samples_parallelism_unknown,
+      c[PS_CTR_RUNNING_UNCOUNTED], c[PS_CTR_AGG_MAP_FULL], c[PS_CTR_STACK_MAP_FULL],
+      c[PS_CTR_THREAD_MAP_FULL], c[PS_CTR_OFFCPU_MAP_FULL], c[PS_CTR_RUNNING_MAP_FULL],
+      c[PS_CTR_RUNTIME_MAP_FULL], c[PS_CTR_MAP_BUSY], ps.user_stack_lost, ps.kernel_stack_lost,
+      ps.truncated, ms.stacks_missing, ms.thread_states, ms.thread_states_max, ss.frames,
+      ss.no_mapping, ss.no_elf, ss.no_symbol, ss.kernel_no_symbol, processes.vanished(),
       c[PS_CTR_UNWIND_COMPLETE], c[PS_CTR_UNWIND_TRUNCATED], c[PS_CTR_UNWIND_NO_TABLE_YET],
       c[PS_CTR_UNWIND_NO_TABLE_PC], c[PS_CTR_UNWIND_READ_FAULT], c[PS_CTR_UNWIND_BAD_FRAME],
-      c[PS_CTR_UNWIND_FP_FRAMES], c[PS_CTR_UNWIND_VMA_FRAMES],
-      c[PS_CTR_UNWIND_VMA_CACHE_FULL], us.tables, us.table_bytes,
-      us.tables_built, us.tables_evicted, us.budget_full, us.files, us.files_full);
+      c[PS_CTR_UNWIND_FP_FRAMES], c[PS_CTR_UNWIND_VMA_FRAMES], c[PS_CTR_UNWIND_VMA_CACHE_FULL],
+      us.tables, us.table_bytes, us.tables_built, us.tables_evicted, us.budget_full, us.files,
+      us.files_full);
   if (debuginfod != nullptr) {
     symbolize::DebuginfodStats d = debuginfod->stats();
     Log(LogLevel::kInfo,

@@ -41,6 +41,9 @@ ABSL_FLAG(absl::Duration, off_cpu_min_duration, absl::ZeroDuration(),
 ABSL_FLAG(int32_t, off_cpu_stack_rate, 1000,
           "off-CPU stack captures per second per thread; above it stacks are sampled and "
           "weighted (0: capture at every switch-out)");
+ABSL_FLAG(int32_t, off_cpu_stack_budget, 1000,
+          "off-CPU stack captures per second per CPU, all threads together; above it stacks are "
+          "sampled and weighted, intervals of 100 ms or more still count exactly (0: no budget)");
 ABSL_FLAG(std::string, output_dir, "",
           "write DIR/<pid>/<start ticks>.<exec id>/<profile>-<t0 unix ms>.pb.gz (gzip pprof) each "
           "window");
@@ -221,6 +224,7 @@ int main(int argc, char** argv) {
   config.profiles = *profiles;
   config.off_cpu_min_duration = absl::GetFlag(FLAGS_off_cpu_min_duration);
   config.off_cpu_stack_rate = absl::GetFlag(FLAGS_off_cpu_stack_rate);
+  config.off_cpu_stack_budget = absl::GetFlag(FLAGS_off_cpu_stack_budget);
   config.output_dir = absl::GetFlag(FLAGS_output_dir);
   config.output_max_bytes = absl::GetFlag(FLAGS_output_max_bytes);
   config.output_max_age = absl::GetFlag(FLAGS_output_max_age);

@@ -127,6 +127,34 @@ PS_STATIC_ASSERT(sizeof(struct ps_oncpu_value) == 32, "ps_oncpu_value layout");
 #define PS_EXACT_OFFCPU_NS 1000000ULL   /* 1 ms */
 #define PS_MAX_STACK_WEIGHT 65536
 
+/* Machine-wide capture budget (--off-cpu-stack-budget B, captures per second per CPU): the
+ * per-thread rate above leaves every thread of a busy host free to walk its stacks at each
+ * switch-out (500 threads sleeping 1-10 ms: 90k walks a second on 2 CPUs). Each CPU therefore
+ * counts the switch-outs the per-thread stage chose for capture (candidates) over a rate period;
+ * when the last period had more than B per second, each candidate in the next one is captured
+ * with probability 1/c, c = floor(rate / B) (ps_cpu_state.budget_weight). The choice is made at
+ * switch-out, before the interval's length is known, so weights keep sums unbiased: a captured
+ * interval shorter than PS_BUDGET_EXACT_OFFCPU_NS counts c times (times w if also under
+ * PS_EXACT_OFFCPU_NS), an uncaptured one is represented by them; intervals of
+ * PS_BUDGET_EXACT_OFFCPU_NS or more always count once, exactly (uncaptured ones with the kernel
+ * stack taken at switch-in), so a rare long stall is never lost or inflated. A walk costs 2-5 us
+ * here: B = 1000 holds switch-out walks to about 0.5% of each CPU. B = 0: no budget. */
+#define PS_BUDGET_EXACT_OFFCPU_NS 100000000ULL /* 100 ms */
+
+/* How many times an off-CPU interval of `ns` counts (ns and count), given the stages' choices at
+ * its switch-out (ps_thread_state.stack_weight and budget_weight): 0 = not counted. Used by BPF
+ * at switch-in and by the daemon for the part of an interval before a window boundary. */
+static inline __u64 ps_offcpu_weight(__u32 stack_weight, __u32 budget_weight, __u64 ns) {
+  if (stack_weight == 0) /* not chosen by the per-thread stage */
+    return ns >= PS_EXACT_OFFCPU_NS ? 1 : 0;
+  if (budget_weight == 0) /* chosen, then not captured for the CPU's budget */
+    return ns >= PS_BUDGET_EXACT_OFFCPU_NS ? 1 : 0;
+  __u64 w = 1;
+  if (ns < PS_EXACT_OFFCPU_NS) w *= stack_weight;
+  if (ns < PS_BUDGET_EXACT_OFFCPU_NS) w *= budget_weight;
+  return w;
+}
+
 /* Control block shared by every program (ps_control, array of 1), written by the daemon at each
  * window boundary: the buffer to fill and the window start on CLOCK_MONOTONIC
  * (bpf_ktime_get_ns). */
@@ -201,18 +229,21 @@ struct ps_thread_state {
   __s32 carry_user_stack_err;
   __s32 carry_kernel_stack_err;
   __u32 carry_state;
-  __u32 carry_min_ok;       /* the interval is to be counted (>= the minimum off-CPU duration,
-                               and, if its stacks were not captured, >= PS_EXACT_OFFCPU_NS) */
+  __u32 carry_weight; /* times the interval counts (ps_offcpu_weight; 0: not counted, e.g.
+                         under the minimum off-CPU duration) */
   char comm[PS_TASK_COMM_LEN];
   /* Off-CPU stack sampling (PS_RATE_PERIOD_NS above). */
   __u64 rate_start_ns;      /* start of the current rate period */
   __u32 rate_count;         /* switch-outs in it */
   __u32 sample_weight;      /* w from the last period (0 or 1: capture every switch-out) */
-  __u32 stack_weight;       /* this switch-out: w if its stacks were captured, 0 if not */
+  __u32 stack_weight;       /* this switch-out: w if the per-thread stage chose it, 0 if not */
   __u32 exec_id;            /* ps_exec_id() at switch-out (ps_oncpu_key.exec_id) */
   struct ps_user_memo memo; /* the last complete user walk at switch-out (BPF's only) */
+  __u32 budget_weight;      /* this switch-out, if chosen: c if captured within the CPU's budget
+                               (PS_BUDGET_EXACT_OFFCPU_NS), 0 if not */
+  __u32 pad;
 };
-PS_STATIC_ASSERT(sizeof(struct ps_thread_state) == 224, "ps_thread_state layout");
+PS_STATIC_ASSERT(sizeof(struct ps_thread_state) == 232, "ps_thread_state layout");
 
 /* Key of the off-CPU aggregate (ps_offcpu<N>): time a thread spent off-CPU with one stack and
  * state. Stack fields as in ps_oncpu_key, keying ps_sched_stacks<N>. */
@@ -256,8 +287,12 @@ struct ps_cpu_state {
   __u32 in_running;   /* 1 when the task is counted in ps_running (counted, and the entry was
                          there or could be made: bpf/common.bpf.h ps_running_add) */
   __u64 group;        /* the ps_running key the task is counted under (PS_GROUP_*) */
+  /* Off-CPU capture budget (PS_BUDGET_EXACT_OFFCPU_NS above), sched_switch's only. */
+  __u64 budget_start_ns; /* start of the current rate period */
+  __u32 budget_count;    /* capture candidates in it */
+  __u32 budget_weight;   /* c from the last period (0 or 1: capture every candidate) */
 };
-PS_STATIC_ASSERT(sizeof(struct ps_cpu_state) == 96, "ps_cpu_state layout");
+PS_STATIC_ASSERT(sizeof(struct ps_cpu_state) == 112, "ps_cpu_state layout");
 
 /* Switches the sched_switch tracepoint did not report. On some hosts the tracepoint misses a
  * share of switches (seen on a PVM guest: switches out of the host agent's threads, ~2-7% of all
@@ -295,7 +330,7 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_CTR_SWITCH_CHAIN_BREAKS 13   /* sched_switch whose prev was not the CPU's recorded task */
 #define PS_CTR_SAMPLE_REPAIRS 14        /* samples that found a task switched in unseen */
 #define PS_CTR_OFFCPU_NOT_CAPTURED 15   /* switch-outs whose stacks were not captured (sampling) */
-#define PS_CTR_OFFCPU_WEIGHTED 16       /* short intervals counted w times for the uncaptured */
+#define PS_CTR_OFFCPU_WEIGHTED 16       /* intervals counted more than once for the uncaptured */
 #define PS_CTR_UNWIND_COMPLETE 17      /* user stacks unwound to their outermost frame */
 #define PS_CTR_UNWIND_TRUNCATED 18     /* user stacks cut at PS_MAX_STACK_DEPTH frames */
 #define PS_CTR_UNWIND_NO_TABLE_YET 19  /* stopped: process or file table not loaded yet (FP used) */
@@ -320,7 +355,10 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_CTR_TREE_FULL 33            /* forks not followed: ps_pid_filter was full */
 #define PS_CTR_UNWIND_MEMO_HITS 34    /* switch-outs whose user stack was the thread's last walk
                                         (ps_user_memo), not walked again */
-#define PS_CTR_NUM 35
+#define PS_CTR_OFFCPU_OVER_BUDGET                               \
+  35 /* switch-outs not captured for their CPU's capture budget \
+       (--off-cpu-stack-budget) */
+#define PS_CTR_NUM 36
 
 /* Default capacities; the daemon sizes ps_stacks<N> and ps_oncpu<N> before load from the CPU count,
  * frequency and window, ps_sched_stacks<N> by whether off-CPU stacks are taken, and ps_threads
@@ -334,8 +372,9 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_ONCPU_MAP_ENTRIES 4096
 #define PS_PID_FILTER_ENTRIES 1024   /* --pid targets; command mode sizes it PS_TREE_ENTRIES */
 #define PS_TREE_ENTRIES 32768        /* live processes of a command mode tree */
-#define PS_THREAD_MAP_ENTRIES 65536  /* at most, threads tracked off-CPU at once (preallocated,
-                                        ~208 bytes each; sized by the daemon) */
+#define PS_THREAD_MAP_ENTRIES                                                                   \
+  65536                              /* at most, threads tracked off-CPU at once (preallocated, \
+                                        ~296 bytes each; sized by the daemon) */
 #define PS_RUNNING_ENTRIES 32768     /* processes with a parallelism count */
 #define PS_OFFCPU_MAP_ENTRIES 16384
 #define PS_RUNTIME_MAP_ENTRIES 8192

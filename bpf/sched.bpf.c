@@ -29,13 +29,14 @@ char LICENSE[] SEC("license") = "GPL";
 const volatile __u32 ps_cfg_offcpu = 1;        /* track off-CPU intervals (off_cpu, wall) */
 const volatile __u64 ps_cfg_min_offcpu_ns = 0; /* --off-cpu-min-duration */
 const volatile __u32 ps_cfg_stack_rate = 0;    /* --off-cpu-stack-rate (0: every switch-out) */
+const volatile __u32 ps_cfg_stack_budget = 0;  /* --off-cpu-stack-budget (0: no budget) */
 
 /* Thread states by tid. Preallocated: sched_switch inserts here with the run-queue lock held,
  * where a BPF_F_NO_PREALLOC hash would kmalloc(GFP_ATOMIC) its element (kernel/bpf/hashtab.c
  * alloc_htab_elem), which is unsafe in that context until Linux 6.1's BPF memory allocator
  * ("bpf: Convert hash map to bpf_mem_alloc"): the allocator may wake kswapd, and a wake-up takes
- * a run-queue lock. Cost, all at load: 280 bytes per entry (48-byte struct htab_elem + 8-byte
- * key + 224-byte value, plus one spare element per possible CPU) and 16 bytes of bucket, i.e.
+ * a run-queue lock. Cost, all at load: 288 bytes per entry (48-byte struct htab_elem + 8-byte
+ * key + 232-byte value, plus one spare element per possible CPU) and 16 bytes of bucket, i.e.
  * 19 MiB at PS_THREAD_MAP_ENTRIES; the daemon sizes it from the threads alive at start
  * (agent/bpf/programs.cc LoadSched). */
 struct {
@@ -137,13 +138,13 @@ static __always_inline void ps_switch_in(struct task_struct *task, __u32 tid, __
     return;
   __u64 out = ts->out_ns;
   __u64 start = out;
-  __u64 weight = 1;
-  __u32 min_ok = now - out >= ps_cfg_min_offcpu_ns;
-  if (ts->stack_weight == 0) {
-    /* Stacks not captured (sampled out): only a long interval is counted, exactly once. */
-    if (now - out < PS_EXACT_OFFCPU_NS) {
-      min_ok = 0;
-    } else if (task && ts->kernel_stack_err == PS_ERR_NOT_CAPTURED) {
+  /* Times the interval counts (abi.h ps_offcpu_weight): an uncaptured one only when long, once. */
+  __u64 weight = now - out >= ps_cfg_min_offcpu_ns
+                     ? ps_offcpu_weight(ts->stack_weight, ts->budget_weight, now - out)
+                     : 0;
+  if (weight > 1) ps_count(PS_CTR_OFFCPU_WEIGHTED); /* stands for the uncaptured intervals too */
+  if (weight && (ts->stack_weight == 0 || ts->budget_weight == 0)) {
+    if (task && ts->kernel_stack_err == PS_ERR_NOT_CAPTURED) {
       __u32 zero = 0;
       struct ps_stack *st = bpf_map_lookup_elem(&ps_sched_scratch, &zero);
       if (st) {
@@ -158,9 +159,6 @@ static __always_inline void ps_switch_in(struct task_struct *task, __u32 tid, __
         }
       }
     }
-  } else if (ts->stack_weight > 1 && now - out < PS_EXACT_OFFCPU_NS) {
-    weight = ts->stack_weight; /* stands for the uncaptured short intervals too */
-    ps_count(PS_CTR_OFFCPU_WEIGHTED);
   }
   if (out < ws) {
     /* Crossed the window start: the part before it is the daemon's to attribute. */
@@ -170,12 +168,12 @@ static __always_inline void ps_switch_in(struct task_struct *task, __u32 tid, __
     ts->carry_user_stack_err = ts->user_stack_err;
     ts->carry_kernel_stack_err = ts->kernel_stack_err;
     ts->carry_state = ts->state;
-    ts->carry_min_ok = min_ok;
+    ts->carry_weight = (__u32)weight;
     ps_barrier();
     ts->carry_ws_ns = ws;
     start = ws;
   }
-  if (min_ok && now > start) {
+  if (weight && now > start) {
     struct ps_offcpu_key key = {};
     key.tgid = ts->tgid;
     key.tid = tid;
@@ -218,11 +216,35 @@ static __always_inline __u32 ps_stack_sample(struct ps_thread_state *ts, __u64 n
   return w;
 }
 
+/* The CPU's capture budget (abi.h PS_BUDGET_EXACT_OFFCPU_NS) for a switch-out the per-thread
+ * stage chose: counts it in the CPU's rate period and returns the weight of its stacks, c, or 0
+ * when they are not to be captured. */
+static __always_inline __u32 ps_budget_sample(struct ps_cpu_state *cs, __u64 now) {
+  if (ps_cfg_stack_budget == 0) return 1;
+  __u64 elapsed = now - cs->budget_start_ns;
+  if (elapsed >= PS_RATE_PERIOD_NS) {
+    /* c = floor(rate / B), rate = candidates per second over the period that just ended. */
+    __u64 c = (__u64)cs->budget_count * 1000000000ULL / elapsed / ps_cfg_stack_budget;
+    cs->budget_weight = c > PS_MAX_STACK_WEIGHT ? PS_MAX_STACK_WEIGHT : (__u32)c;
+    cs->budget_start_ns = now;
+    cs->budget_count = 0;
+  }
+  cs->budget_count++;
+  __u32 c = cs->budget_weight;
+  if (c <= 1) return 1;
+  if (bpf_get_prandom_u32() % c != 0) {
+    ps_count(PS_CTR_OFFCPU_OVER_BUDGET);
+    return 0;
+  }
+  return c;
+}
+
 /* prev is switched out at `now` (runs in prev's context: stacks are prev's) in task state `st`
  * (task_struct::__state bits, PS_TASK_*); it came in at in_ns (0: unknown). */
-static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, __u32 tid,
-                                          __u32 tgid, int preempt, __u32 st, __u64 now,
-                                          __u64 in_ns, __u64 ws, __u32 buf) {
+static __always_inline void ps_switch_out(void *ctx, struct ps_cpu_state *cs,
+                                          struct task_struct *prev, __u32 tid, __u32 tgid,
+                                          int preempt, __u32 st, __u64 now, __u64 in_ns, __u64 ws,
+                                          __u32 buf) {
   if (st & PS_TASK_DEAD) {
     bpf_map_delete_elem(&ps_threads, &tid);
     return;
@@ -251,13 +273,14 @@ static __always_inline void ps_switch_out(void *ctx, struct task_struct *prev, _
   else
     state = PS_STATE_SLEEPING; /* interruptible, TASK_IDLE, stopped, traced */
   ts->stack_weight = ps_stack_sample(ts, now);
+  ts->budget_weight = ts->stack_weight ? ps_budget_sample(cs, now) : 1;
   __u64 tgid_start_ns = BPF_CORE_READ(prev, group_leader, start_boottime);
   __u32 exec_id = ps_exec_id(prev);
   /* Another image than at the last switch-out, sampled or not (ts's identity fields, set at
    * every switch-out below): the memo is of the old one. */
   if (ts->tgid != tgid || ts->tgid_start_ns != tgid_start_ns || ts->exec_id != exec_id)
     ts->memo.n = 0;
-  if (ts->stack_weight) {
+  if (ts->stack_weight && ts->budget_weight) {
     void *stacks = buf == 0 ? (void *)&ps_sched_stacks0 : (void *)&ps_sched_stacks1;
     ts->kernel_stack = ps_capture_kernel_stack(ctx, &ps_sched_scratch, stacks, &ts->kernel_stack_err);
     /* The user stack: the thread's last walk if it still holds (abi.h ps_user_memo), else a
@@ -361,7 +384,7 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
   }
   if (ps_cfg_offcpu && prev_tracked) {
     __u32 st = state_arg ? prev_state : ps_task_state(prev);
-    ps_switch_out(ctx, prev, prev_tid, prev_tgid, preempt, st, now, prev_in_ns, ws, buf);
+    ps_switch_out(ctx, cs, prev, prev_tid, prev_tgid, preempt, st, now, prev_in_ns, ws, buf);
     now = bpf_ktime_get_ns(); /* next comes in after prev's stack walks */
   }
 
@@ -460,6 +483,7 @@ int ps_seed_threads(struct bpf_iter__task *ctx) {
   BPF_CORE_READ_STR_INTO(&ts.comm, task, comm);
   ts.user_stack_err = PS_ERR_ASLEEP_AT_ATTACH;
   ts.stack_weight = 1;
+  ts.budget_weight = 1;
   st->flags = 0;
   void *stacks = ctl->active_buffer == 0 ? (void *)&ps_sched_stacks0 : (void *)&ps_sched_stacks1;
   ts.kernel_stack = ps_store_stack(stacks, st, bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0),

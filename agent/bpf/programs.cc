@@ -254,7 +254,7 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
       return LibbpfError(rc, absl::StrCat("sharing map ", bpf_map__name(s.mine)));
     }
   }
-  // ps_threads is preallocated (bpf/sched.bpf.c: ~296 bytes per entry, 19 MiB at
+  // ps_threads is preallocated (bpf/sched.bpf.c: kThreadEntryBytes, 19 MiB at
   // PS_THREAD_MAP_ENTRIES): twice the threads alive now, so the host can grow before the map is
   // full (then switch-outs are counted, PS_CTR_THREAD_MAP_FULL, and lost), at least 8192 (2.4
   // MiB). Without off-CPU tracking nothing is stored in it: one entry.
@@ -264,8 +264,11 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   if (int rc = bpf_map__set_max_entries(sched_->maps.ps_threads, thread_entries); rc) {
     return LibbpfError(rc, "sizing the thread state map");
   }
+  // Kernel memory per entry (kernel/bpf/hashtab.c htab_map_alloc): a struct htab_elem (48 bytes
+  // on x86-64), the key and the value rounded up to 8 bytes, and a 16-byte bucket.
+  constexpr uint64_t kThreadEntryBytes = 48 + 8 + (sizeof(ps_thread_state) + 7) / 8 * 8 + 16;
   Log(LogLevel::kDebug, "ps_threads: %d entries (%d threads on the host), about %d KiB",
-      thread_entries, threads, uint64_t{thread_entries} * 296 / 1024);
+      thread_entries, threads, uint64_t{thread_entries} * kThreadEntryBytes / 1024);
   // Off-CPU stacks (switch-out, and switch-in for long uncaptured intervals): their own maps, so
   // that the NMI sampler never waits on a lock sched_switch holds (bpf/common.bpf.h). About 1 KiB
   // per entry, 8 MiB per buffer; unused without off-CPU tracking.
@@ -338,6 +341,7 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   sched_->rodata->ps_cfg_offcpu = options.offcpu ? 1 : 0;
   sched_->rodata->ps_cfg_min_offcpu_ns = options.min_offcpu_ns;
   sched_->rodata->ps_cfg_stack_rate = options.offcpu_stack_rate;
+  sched_->rodata->ps_cfg_stack_budget = options.offcpu_stack_budget;
   // tp_btf only: every kernel at the 5.10 floor has it (5.5+), and the raw_tp form cannot pass
   // the verifier (its task pointers are plain scalars there, which bpf_get_task_stack refuses).
   sched_kind_ = "tp_btf";

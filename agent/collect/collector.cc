@@ -112,8 +112,9 @@ void Collector::ScanThreads(int64_t prev_ws, int64_t ws,
                             const absl::flat_hash_map<uint32_t, uint64_t>& on_cpu,
                             WindowData* out) {
   const uint64_t cur = static_cast<uint64_t>(ws), prev = static_cast<uint64_t>(prev_ws);
+  // `weight`: times the interval counts (bpf/abi.h ps_offcpu_weight).
   auto emit = [&](uint32_t tid, const ps_thread_state& ts, uint64_t from, uint64_t kstack,
-                  int32_t kerr, uint64_t ustack, int32_t uerr, uint32_t state) {
+                  int32_t kerr, uint64_t ustack, int32_t uerr, uint32_t state, uint64_t weight) {
     from = std::max(from, prev);
     uint64_t to = cur;
     // Marked off-CPU at out_ns but seen running on a CPU since a later time: it came in by an
@@ -129,24 +130,28 @@ void Collector::ScanThreads(int64_t prev_ws, int64_t ws,
     r.thread_name.assign(ts.comm, strnlen(ts.comm, sizeof(ts.comm)));
     ResolveStacks(kstack, kerr, ustack, uerr, &r.stacks);
     r.state = state;
-    r.ns = to - from;
-    r.count = 1;
+    r.ns = (to - from) * weight;
+    r.count = weight;
     out->offcpu.push_back(std::move(r));
   };
   uint64_t entries = 0;
   maps_->VisitThreads([&](uint32_t tid, const ps_thread_state& ts) {
     ++entries;
     if (ts.carry_ws_ns == cur) {
-      if (ts.carry_min_ok) {
+      if (ts.carry_weight != 0) {
         emit(tid, ts, ts.carry_out_ns, ts.carry_kernel_stack, ts.carry_kernel_stack_err,
-             ts.carry_user_stack, ts.carry_user_stack_err, ts.carry_state);
+             ts.carry_user_stack, ts.carry_user_stack_err, ts.carry_state, ts.carry_weight);
       }
     } else if (ts.out_ns != 0 && ts.out_ns < cur) {
-      // An interval whose stacks were not captured counts only once it is long (abi.h).
-      if (cur - ts.out_ns >= options_.min_offcpu_ns &&
-          (ts.stack_weight != 0 || cur - ts.out_ns >= PS_EXACT_OFFCPU_NS)) {
+      // Still off-CPU: weighted by its length so far, as BPF will weight the rest at switch-in
+      // (an uncaptured interval counts only once it is long).
+      const uint64_t so_far = cur - ts.out_ns;
+      const uint64_t weight = so_far >= options_.min_offcpu_ns
+                                  ? ps_offcpu_weight(ts.stack_weight, ts.budget_weight, so_far)
+                                  : 0;
+      if (weight != 0) {
         emit(tid, ts, ts.out_ns, ts.kernel_stack, ts.kernel_stack_err, ts.user_stack,
-             ts.user_stack_err, ts.state);
+             ts.user_stack_err, ts.state, weight);
       }
     }
     // Keep the stacks of threads still off-CPU: their intervals end in a later window.

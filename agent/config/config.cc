@@ -33,6 +33,10 @@ absl::Status Config::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "--off-cpu-stack-rate: must not be negative, got ", off_cpu_stack_rate));
   }
+  if (off_cpu_stack_budget < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--off-cpu-stack-budget: must not be negative, got ", off_cpu_stack_budget));
+  }
   if (!remote_url.empty()) {
     if (!absl::StartsWith(remote_url, "http://") && !absl::StartsWith(remote_url, "https://")) {
       return absl::InvalidArgumentError(absl::StrCat(

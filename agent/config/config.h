@@ -38,6 +38,10 @@ struct Config {
   // Off-CPU stack captures per second per thread before stacks are sampled with unbiased weights
   // (--off-cpu-stack-rate; bpf/abi.h PS_RATE_PERIOD_NS); 0 captures every switch-out.
   int32_t off_cpu_stack_rate = 1000;
+  // Off-CPU stack captures per second per CPU, over all its threads, before they are sampled
+  // with unbiased weights (--off-cpu-stack-budget; bpf/abi.h PS_BUDGET_EXACT_OFFCPU_NS); 0: no
+  // budget.
+  int32_t off_cpu_stack_budget = 1000;
   // Write DIR/<pid>/<start ticks>.<exec id>/<name>-<t0 unix ms>.pb.gz; empty = no files.
   std::string output_dir;
   // Retention of output_dir (export/retention.h): bound of the profile files' allocated bytes

@@ -322,6 +322,67 @@ TEST_CASE("sched e2e: sampled off-CPU stacks of a thread blocking 20k times a se
   CHECK(s.work->Wait(10) == 0);
 }
 
+// The machine-wide capture budget (--off-cpu-stack-budget, bpf/abi.h PS_BUDGET_EXACT_OFFCPU_NS):
+// with the per-thread rate off, the CPU the workload's threads are pinned to sees ~40k
+// switch-outs a second against a budget of 2000, so most are not captured. The captured short
+// intervals, weighted, must still sum to the measured thread's off-CPU time and split it between
+// its two wait sites as measured; the 250 ms sleeps of the third thread must count once each,
+// exactly, not be dropped or multiplied.
+TEST_CASE(
+    "sched e2e: a CPU over its off-CPU capture budget keeps the total, the split and the "
+    "long waits exact",
+    "[root][e2e]") {
+  if (!RequireRoot()) return;
+  TempDir out;
+  Session s;
+  RunSession(&s, {std::string(PS_WORKLOAD_DIR) + "/offcpu_fast", "4"},
+             {"--profiles=off_cpu,wall", "--duration=6s", "--sampling-frequency=499",
+              "--off-cpu-stack-rate=0", "--off-cpu-stack-budget=2000"},
+             out.path(), 30);
+  const int64_t tid = s.Done("tid"), stall_tid = s.Done("stall_tid");
+  const int64_t life = s.Done("life_ns"), cpu = s.Done("cpu_ns");
+  const int64_t stall_life = s.Done("stall_life_ns"), stall_cpu = s.Done("stall_cpu_ns");
+  const int64_t w20 = s.Done("wait20_ns"), w60 = s.Done("wait60_ns");
+  const uint64_t not_captured = StoppedStat(s.agent_log, "not_captured");
+  const uint64_t over_budget = StoppedStat(s.agent_log, "over_budget");
+  const uint64_t weighted = StoppedStat(s.agent_log, "weighted");
+  std::vector<Window> off = Load(out.path(), s.pid, "off_cpu");
+  std::vector<Window> wall = Load(out.path(), s.pid, "wall");
+  REQUIRE(!off.empty());
+  REQUIRE(!wall.empty());
+  Pred me = TidIs(tid);
+  int64_t total = SumOf(off, "off_cpu", me);
+  int64_t in20 = SumOf(off, "off_cpu", And(me, InFunction("wait_20us")));
+  int64_t in60 = SumOf(off, "off_cpu", And(me, InFunction("wait_60us")));
+  int64_t wall_total = SumOf(wall, "wall", me);
+  int64_t stalled = SumOf(off, "off_cpu", TidIs(stall_tid));
+  FIGURES("tid " << tid << ": " << s.Done("waits") << " waits in " << Ms(life) << "; switch-outs "
+                 << "over budget " << over_budget << ", not captured (rate) " << not_captured
+                 << ", weighted intervals " << weighted << "; off-CPU total " << Ms(total)
+                 << " (truth life-cpu " << Ms(life - cpu) << ", ratio " << Ratio(total, life - cpu)
+                 << "), wait_20us share " << Ratio(in20, total) << " (truth "
+                 << Ratio(w20, w20 + w60) << "), wait_60us " << Ratio(in60, total) << " (truth "
+                 << Ratio(w60, w20 + w60) << "); wall " << Ms(wall_total) << " (life " << Ms(life)
+                 << "); staller " << s.Done("stalls") << " sleeps, off-CPU " << Ms(stalled)
+                 << " (truth " << Ms(stall_life - stall_cpu) << ", ratio "
+                 << Ratio(stalled, stall_life - stall_cpu) << ")");
+  // The premise: the CPU switched far more often than its budget, so the budget bound.
+  REQUIRE(s.Done("waits") * 1e9 / life > 5000);
+  CHECK(over_budget > 0);
+  CHECK(not_captured == 0);
+  CHECK(weighted > 0);
+  REQUIRE(total > 0);
+  CHECK(Ratio(total, life - cpu) == Approx(1.0).margin(0.08));
+  CHECK(Ratio(in20, total) == Approx(Ratio(w20, w20 + w60)).margin(0.05));
+  CHECK(Ratio(in60, total) == Approx(Ratio(w60, w20 + w60)).margin(0.05));
+  CHECK(Ratio(wall_total, life) == Approx(1.0).margin(0.08));
+  // About 16 sleeps: sampled with the CPU's weight (~20) they would be 0 or many times the truth.
+  REQUIRE(s.Done("stalls") >= 8);
+  CHECK(Ratio(stalled, stall_life - stall_cpu) == Approx(1.0).margin(0.05));
+  s.work->CloseStdin();
+  CHECK(s.work->Wait(10) == 0);
+}
+
 // A cpuset cgroup limited to CPU 0, made for one test and removed after it: cgroup v2 where the
 // cpuset controller is there (a pure v2 host: enabled in the root's cgroup.subtree_control,
 // Documentation/admin-guide/cgroup-v2.rst "Cpuset"), else the v1 cpuset hierarchy at

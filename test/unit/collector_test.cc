@@ -118,7 +118,7 @@ void SetComm(char* comm, const char* name) {
 }
 
 // ps_threads entry of a thread of `p` switched out at out_ns with captured stacks (stack_weight
-// 1), as ps_switch_out leaves it.
+// and budget_weight 1), as ps_switch_out leaves it.
 ps_thread_state SwitchedOut(const proc::ProcessKey& p, uint64_t out_ns, uint64_t kernel_stack,
                             uint64_t user_stack, uint32_t state = PS_STATE_SLEEPING) {
   ps_thread_state ts{};
@@ -130,6 +130,7 @@ ps_thread_state SwitchedOut(const proc::ProcessKey& p, uint64_t out_ns, uint64_t
   ts.user_stack = user_stack;
   ts.state = state;
   ts.stack_weight = 1;
+  ts.budget_weight = 1;
   SetComm(ts.comm, "worker");
   return ts;
 }
@@ -148,7 +149,7 @@ std::pair<ps_offcpu_key, ps_offcpu_value> SwitchIn(uint32_t tid, ps_thread_state
     ts->carry_user_stack_err = ts->user_stack_err;
     ts->carry_kernel_stack_err = ts->kernel_stack_err;
     ts->carry_state = ts->state;
-    ts->carry_min_ok = 1;
+    ts->carry_weight = 1;
     ts->carry_ws_ns = ws_ns;
     start = ws_ns;
   }
@@ -353,8 +354,8 @@ TEST_CASE("collector: an interval whose stacks were not captured counts from PS_
   //     once, 1'000'000 ns, with both stacks PS_ERR_NOT_CAPTURED.
   // 63: captured, off-CPU since 2 s - 999'999 ns: counted, 999'999 ns.
   // 64: switched in after the boundary, before the daemon looked; BPF found the interval not to
-  //     be counted (carry_min_ok 0): nothing.
-  // 65: same, carry_min_ok 1, carry_out_ns 2 s - 700'000 ns: 700'000 ns.
+  //     be counted (carry_weight 0): nothing.
+  // 65: same, carry_weight 1, carry_out_ns 2 s - 700'000 ns: 700'000 ns.
   // 66: not captured, off-CPU since 0.5 s, before the window: counted for the window, 1 s.
   FakeMapReader maps;
   Collector collector(&maps, {});
@@ -374,7 +375,7 @@ TEST_CASE("collector: an interval whose stacks were not captured counts from PS_
   t64.carry_kernel_stack_err = PS_ERR_NOT_CAPTURED;
   t64.carry_user_stack_err = PS_ERR_NOT_CAPTURED;
   t64.carry_state = PS_STATE_SLEEPING;
-  t64.carry_min_ok = 0;
+  t64.carry_weight = 0;
   maps.threads[64] = t64;
   ps_thread_state t65 = SwitchedOut(kProcA, kT2 - 700'000, 0, 0, PS_STATE_UNINTERRUPTIBLE);
   SwitchIn(65, &t65, kT2 + 20'000, kT2);
@@ -398,6 +399,66 @@ TEST_CASE("collector: an interval whose stacks were not captured counts from PS_
   CHECK(r65[0].state == PS_STATE_UNINTERRUPTIBLE);
   CHECK(OffCpuNs(w1, 66) == 1'000'000'000);
   CHECK(w1.offcpu.size() == 4);
+}
+
+TEST_CASE(
+    "collector: intervals under the CPU's capture budget count by their weights at the "
+    "boundary",
+    "[collect]") {
+  // Ground truth at the boundary 2 s (bpf/abi.h PS_BUDGET_EXACT_OFFCPU_NS, ps_offcpu_weight), per
+  // thread of A, all still off-CPU:
+  // 81: chosen, not captured for the budget (budget_weight 0), since 2 s - 99'999'999 ns: shorter
+  //     than PS_BUDGET_EXACT_OFFCPU_NS so far, represented by weighted intervals: nothing.
+  // 82: same, since 2 s - 100 ms: counted once, 100 ms, stacks PS_ERR_NOT_CAPTURED.
+  // 83: captured with budget weight 5, since 2 s - 50 ms: 5 x 50 ms, count 5.
+  // 84: captured with budget weight 5, since 2 s - 100 ms: long, once: 100 ms, count 1.
+  // 85: captured with stack weight 4 and budget weight 5, since 2 s - 500 us: 20 x 500 us.
+  // 86: captured with stack weight 4 and budget weight 5, since 2 s - 2 ms: 5 x 2 ms.
+  // 87: switched in after the boundary with carry_weight 3, carry_out_ns 2 s - 10 ms: 3 x 10 ms.
+  FakeMapReader maps;
+  Collector collector(&maps, {});
+  auto weighted = [](uint64_t out_ns, uint32_t stack_weight, uint32_t budget_weight) {
+    ps_thread_state ts = SwitchedOut(kProcA, out_ns, 0, 0);
+    ts.stack_weight = stack_weight;
+    ts.budget_weight = budget_weight;
+    if (budget_weight == 0) {
+      ts.kernel_stack_err = PS_ERR_NOT_CAPTURED;
+      ts.user_stack_err = PS_ERR_NOT_CAPTURED;
+    }
+    return ts;
+  };
+  maps.threads[81] = weighted(kT2 - 99'999'999, 1, 0);
+  maps.threads[82] = weighted(kT2 - 100'000'000, 1, 0);
+  maps.threads[83] = weighted(kT2 - 50'000'000, 1, 5);
+  maps.threads[84] = weighted(kT2 - 100'000'000, 1, 5);
+  maps.threads[85] = weighted(kT2 - 500'000, 4, 5);
+  maps.threads[86] = weighted(kT2 - 2'000'000, 4, 5);
+  ps_thread_state t87 = weighted(0, 1, 3);
+  t87.carry_ws_ns = kT2;
+  t87.carry_out_ns = kT2 - 10'000'000;
+  t87.carry_state = PS_STATE_SLEEPING;
+  t87.carry_weight = 3;
+  maps.threads[87] = t87;
+
+  WindowData w1 = collector.Collect(kT1, kT2, 0, false);
+  auto only = [&](uint32_t tid, uint64_t ns, uint64_t count) {
+    std::vector<OffCpuRecord> r = OffCpuOf(w1, tid);
+    INFO("tid " << tid);
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].ns == ns);
+    CHECK(r[0].count == count);
+    return r[0];
+  };
+  CHECK(OffCpuOf(w1, 81).empty());
+  OffCpuRecord r82 = only(82, PS_BUDGET_EXACT_OFFCPU_NS, 1);
+  CHECK(r82.stacks.kernel_stack_err == PS_ERR_NOT_CAPTURED);
+  CHECK(r82.stacks.user_stack_err == PS_ERR_NOT_CAPTURED);
+  only(83, 5 * 50'000'000, 5);
+  only(84, 100'000'000, 1);
+  only(85, 20 * 500'000, 20);
+  only(86, 5 * 2'000'000, 5);
+  only(87, 3 * 10'000'000, 3);
+  CHECK(w1.offcpu.size() == 6);
 }
 
 TEST_CASE("collector: the off-CPU minimum duration applies to the whole interval at the boundary",
