@@ -92,6 +92,27 @@ static __always_inline __u32 ps_task_state(struct task_struct *t) {
   return (__u32)BPF_CORE_READ(old, state);
 }
 
+/* The same fields of the tracepoint's own task pointers, prev and next, by direct loads. tp_btf
+ * arguments are BTF-typed (PTR_TO_BTF_ID), and so are pointers loaded from them: the verifier lets
+ * the program dereference them as exception-handled loads (kernel/bpf/verifier.c
+ * check_ptr_to_btf_access, BPF_PROBE_MEM; Linux 5.5+), where BPF_CORE_READ makes a
+ * bpf_probe_read_kernel call per pointer step (11 a switch on the path below). CO-RE still
+ * relocates each offset, and the load size where the field's differs: self_exec_id is a u32
+ * before Linux 5.7 (libbpf bpf_core_patch_insn). */
+static __always_inline __u32 ps_btf_task_state(struct task_struct *t) {
+  if (bpf_core_field_exists(t->__state)) return t->__state;
+  struct task_struct___pre514 *old = (void *)t;
+  return (__u32)old->state;
+}
+
+static __always_inline __u64 ps_btf_tgid_start_ns(struct task_struct *t) {
+  return t->group_leader->start_boottime;
+}
+
+static __always_inline __u32 ps_btf_exec_id(struct task_struct *t) {
+  return (__u32)t->self_exec_id; /* common.bpf.h ps_exec_id */
+}
+
 static __always_inline void ps_add_u64(void *map, void *key, __u64 delta, __u32 full_ctr) {
   __u64 *v = bpf_map_lookup_elem(map, key);
   if (!v) {
@@ -240,14 +261,15 @@ static __always_inline __u32 ps_budget_sample(struct ps_cpu_state *cs, __u64 now
 }
 
 /* prev is switched out at `now` (runs in prev's context: stacks are prev's) in task state `st`
- * (task_struct::__state bits, PS_TASK_*); it came in at in_ns (0: unknown). */
-static __always_inline void ps_switch_out(void *ctx, struct ps_cpu_state *cs,
-                                          struct task_struct *prev, __u32 tid, __u32 tgid,
-                                          int preempt, __u32 st, __u64 now, __u64 in_ns, __u64 ws,
-                                          __u32 buf) {
+ * (task_struct::__state bits, PS_TASK_*); it came in at in_ns (0: unknown). Returns 1 when it
+ * captured stacks (time has passed since `now`), else 0. */
+static __always_inline int ps_switch_out(void *ctx, struct ps_cpu_state *cs,
+                                         struct task_struct *prev, __u32 tid, __u32 tgid,
+                                         int preempt, __u32 st, __u64 now, __u64 in_ns, __u64 ws,
+                                         __u32 buf) {
   if (st & PS_TASK_DEAD) {
     bpf_map_delete_elem(&ps_threads, &tid);
-    return;
+    return 0;
   }
   struct ps_thread_state *ts = bpf_map_lookup_elem(&ps_threads, &tid);
   if (!ts) {
@@ -255,11 +277,10 @@ static __always_inline void ps_switch_out(void *ctx, struct ps_cpu_state *cs,
     long err = bpf_map_update_elem(&ps_threads, &tid, &init, BPF_NOEXIST);
     if (err && err != -EEXIST) {
       ps_count_insert_error(err, PS_CTR_THREAD_MAP_FULL);
-      return;
+      return 0;
     }
     ts = bpf_map_lookup_elem(&ps_threads, &tid);
-    if (!ts)
-      return;
+    if (!ts) return 0;
   } else if (ts->out_ns != 0) {
     /* Still marked off-CPU: its switch-in was not reported. Close that interval where prev came
      * in (estimated), instead of losing it. */
@@ -274,13 +295,14 @@ static __always_inline void ps_switch_out(void *ctx, struct ps_cpu_state *cs,
     state = PS_STATE_SLEEPING; /* interruptible, TASK_IDLE, stopped, traced */
   ts->stack_weight = ps_stack_sample(ts, now);
   ts->budget_weight = ts->stack_weight ? ps_budget_sample(cs, now) : 1;
-  __u64 tgid_start_ns = BPF_CORE_READ(prev, group_leader, start_boottime);
-  __u32 exec_id = ps_exec_id(prev);
+  __u64 tgid_start_ns = ps_btf_tgid_start_ns(prev);
+  __u32 exec_id = ps_btf_exec_id(prev);
   /* Another image than at the last switch-out, sampled or not (ts's identity fields, set at
    * every switch-out below): the memo is of the old one. */
   if (ts->tgid != tgid || ts->tgid_start_ns != tgid_start_ns || ts->exec_id != exec_id)
     ts->memo.n = 0;
-  if (ts->stack_weight && ts->budget_weight) {
+  const int capture = ts->stack_weight && ts->budget_weight;
+  if (capture) {
     void *stacks = buf == 0 ? (void *)&ps_sched_stacks0 : (void *)&ps_sched_stacks1;
     ts->kernel_stack = ps_capture_kernel_stack(ctx, &ps_sched_scratch, stacks, &ts->kernel_stack_err);
     /* The user stack: the thread's last walk if it still holds (abi.h ps_user_memo), else a
@@ -310,8 +332,10 @@ static __always_inline void ps_switch_out(void *ctx, struct ps_cpu_state *cs,
   ps_barrier();
   /* The interval starts after the stack walks, which run on prev's CPU time: stamped at `now`,
    * captured intervals would be longer than uncaptured ones by the walk (~5 us here) and their
-   * weights would inflate the off-CPU total (measured: +19% at 20k switches/s). */
-  ts->out_ns = bpf_ktime_get_ns();
+   * weights would inflate the off-CPU total (measured: +19% at 20k switches/s). Without a walk
+   * `now` stands (a clock read is 20-40 ns on a kvm-clock guest). */
+  ts->out_ns = capture ? bpf_ktime_get_ns() : now;
+  return capture;
 }
 
 /* Adds prev's on-CPU time [from, now] to ps_runtime<buf>. The part before the window start ws
@@ -355,8 +379,8 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
   __u32 buf = ctl->active_buffer;
   __u64 ws = ctl->window_start_ns;
   __u64 now = bpf_ktime_get_ns();
-  __u32 prev_tid = BPF_CORE_READ(prev, pid), prev_tgid = BPF_CORE_READ(prev, tgid);
-  __u32 next_tid = BPF_CORE_READ(next, pid), next_tgid = BPF_CORE_READ(next, tgid);
+  __u32 prev_tid = prev->pid, prev_tgid = prev->tgid;
+  __u32 next_tid = next->pid, next_tgid = next->tgid;
   int prev_tracked = prev_tid != 0 && ps_tgid_tracked(prev_tgid);
 
   /* prev leaves. On a CPU not seen since attach, prev was never counted or timed. prev_in_ns:
@@ -378,24 +402,24 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
         ps_running_add(cs->group, -1, 0);
       prev_in_ns = ps_unseen_switch_ns(cs, now);
       if (prev_tracked)
-        ps_add_runtime(cs, prev_tgid, BPF_CORE_READ(prev, group_leader, start_boottime),
-                       ps_exec_id(prev), prev_in_ns, now, ws, buf, 0);
+        ps_add_runtime(cs, prev_tgid, ps_btf_tgid_start_ns(prev), ps_btf_exec_id(prev), prev_in_ns,
+                       now, ws, buf, 0);
     }
   }
   if (ps_cfg_offcpu && prev_tracked) {
-    __u32 st = state_arg ? prev_state : ps_task_state(prev);
-    ps_switch_out(ctx, cs, prev, prev_tid, prev_tgid, preempt, st, now, prev_in_ns, ws, buf);
-    now = bpf_ktime_get_ns(); /* next comes in after prev's stack walks */
+    __u32 st = state_arg ? prev_state : ps_btf_task_state(prev);
+    if (ps_switch_out(ctx, cs, prev, prev_tid, prev_tgid, preempt, st, now, prev_in_ns, ws, buf))
+      now = bpf_ktime_get_ns(); /* next comes in after prev's stack walks */
   }
 
   /* next enters. A process whose last thread is exiting (signal->live is 0 from do_exit on,
    * kernel/exit.c) makes no new count: its exit hook deleted the count, and a thread preempted
    * between that hook and its final switch-out would otherwise make one nothing deletes. */
   int counted = next_tid != 0 && ps_tgid_tracked(next_tgid);
-  const int may_insert = !counted || BPF_CORE_READ(next, signal, live.counter) != 0;
+  const int may_insert = !counted || next->signal->live.counter != 0;
   ps_cpu_record(cs, next_tid, next_tgid, counted ? ps_group_of(next, next_tgid) : 0,
-                counted ? BPF_CORE_READ(next, group_leader, start_boottime) : 0,
-                counted ? ps_exec_id(next) : 0, now, counted, may_insert);
+                counted ? ps_btf_tgid_start_ns(next) : 0, counted ? ps_btf_exec_id(next) : 0, now,
+                counted, may_insert);
   if (counted && ps_cfg_offcpu)
     ps_switch_in(next, next_tid, now, ws, buf);
   ps_barrier();
