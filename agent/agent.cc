@@ -1066,16 +1066,18 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
         "parascope: off-CPU stacks of a thread switching out more than ", config.off_cpu_stack_rate,
         " times/s are captured at random (probability 1/w, w = rate/", config.off_cpu_stack_rate,
         "); a captured interval under ", PS_EXACT_OFFCPU_NS / 1000000,
-        " ms counts w times (unbiased), longer intervals count once, exactly");
+        " ms counts w times (unbiased), longer ones once");
   }
   if (config.off_cpu_stack_budget > 0) {
-    absl::StrAppend(&popts.offcpu_description,
-                    popts.offcpu_description.empty() ? "parascope: " : "; ",
-                    "a CPU capturing more than ", config.off_cpu_stack_budget,
-                    " off-CPU stacks/s captures each at random (probability 1/c, c = rate/",
-                    config.off_cpu_stack_budget, "); a captured interval under ",
-                    PS_BUDGET_EXACT_OFFCPU_NS / 1000000,
-                    " ms counts c times more (unbiased), longer intervals count once, exactly");
+    absl::StrAppend(
+        &popts.offcpu_description, popts.offcpu_description.empty() ? "parascope: " : "; ",
+        "a CPU capturing more than ", config.off_cpu_stack_budget,
+        " off-CPU stacks/s captures each at random (probability 1/c, c = ceil(rate/",
+        config.off_cpu_stack_budget, ")); a captured interval under ",
+        PS_BUDGET_EXACT_OFFCPU_NS / 1000000, " ms counts c times more (unbiased); intervals of ",
+        PS_BUDGET_EXACT_OFFCPU_NS / 1000000,
+        " ms or more count once, exactly, and a thread's switch-out after one is "
+        "always captured");
   }
   // --latency-group=cgroup: the latency profiles are the cgroups' (group_set, which also builds
   // each cgroup's CPU profile for the summary); the per-process set builds the other types.

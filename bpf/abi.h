@@ -110,8 +110,9 @@ PS_STATIC_ASSERT(sizeof(struct ps_oncpu_value) == 32, "ps_oncpu_value layout");
 #define PS_ERR_ASLEEP_AT_ATTACH (-100000)
 
 /* Stack errors that are not errnos: the switch-out was not chosen for stack capture (off-CPU stack
- * sampling, see ps_thread_state.stack_weight). For the kernel stack of an interval of 1 ms or more
- * the sched_switch program takes the sleeping thread's kernel stack at switch-in instead. */
+ * sampling, see ps_thread_state.stack_weight and budget_weight). For the kernel stack of an
+ * interval that counts once, exactly (ps_offcpu_weight), the sched_switch program takes the
+ * sleeping thread's kernel stack at switch-in instead. */
 #define PS_ERR_NOT_CAPTURED (-100001)
 
 /* Off-CPU stack sampling (--off-cpu-stack-rate R): walking two stacks is ~90% of the cost of a
@@ -119,10 +120,10 @@ PS_STATIC_ASSERT(sizeof(struct ps_oncpu_value) == 32, "ps_oncpu_value layout");
  * thread that switched out more than R times per second in its last rate period
  * (PS_RATE_PERIOD_NS) has the stacks of each switch-out captured with probability 1/w, w =
  * floor(rate / R). At switch-in, a captured interval shorter than PS_EXACT_OFFCPU_NS counts w
- * times (ns and count), so sums stay unbiased; intervals of PS_EXACT_OFFCPU_NS or more are
- * always kept exactly once (uncaptured ones with the kernel stack taken at switch-in and the
- * user stack PS_ERR_NOT_CAPTURED). Uncaptured shorter intervals are represented by the
- * weighted ones. R = 0 captures every switch-out. */
+ * times (ns and count), so sums stay unbiased; this stage keeps intervals of PS_EXACT_OFFCPU_NS
+ * or more exactly once (uncaptured ones with the kernel stack taken at switch-in and the user
+ * stack PS_ERR_NOT_CAPTURED), unless the CPU's budget below samples them. Uncaptured shorter
+ * intervals are represented by the weighted ones. R = 0 captures every switch-out. */
 #define PS_RATE_PERIOD_NS 100000000ULL  /* 100 ms */
 #define PS_EXACT_OFFCPU_NS 1000000ULL   /* 1 ms */
 #define PS_MAX_STACK_WEIGHT 65536
@@ -132,18 +133,24 @@ PS_STATIC_ASSERT(sizeof(struct ps_oncpu_value) == 32, "ps_oncpu_value layout");
  * switch-out (500 threads sleeping 1-10 ms: 90k walks a second on 2 CPUs). Each CPU therefore
  * counts the switch-outs the per-thread stage chose for capture (candidates) over a rate period;
  * when the last period had more than B per second, each candidate in the next one is captured
- * with probability 1/c, c = floor(rate / B) (ps_cpu_state.budget_weight). The choice is made at
- * switch-out, before the interval's length is known, so weights keep sums unbiased: a captured
- * interval shorter than PS_BUDGET_EXACT_OFFCPU_NS counts c times (times w if also under
- * PS_EXACT_OFFCPU_NS), an uncaptured one is represented by them; intervals of
- * PS_BUDGET_EXACT_OFFCPU_NS or more always count once, exactly (uncaptured ones with the kernel
- * stack taken at switch-in), so a rare long stall is never lost or inflated. A walk costs 2-5 us
- * here: B = 1000 holds switch-out walks to about 0.5% of each CPU. B = 0: no budget. */
+ * with probability 1/c, c = ceil(rate / B) (ps_cpu_state.budget_weight), so captures stay at or
+ * under B a second. The choice is made at switch-out, before the interval's length is known, so
+ * weights keep sums unbiased: a captured interval shorter than PS_BUDGET_EXACT_OFFCPU_NS counts c
+ * times (times w if also under PS_EXACT_OFFCPU_NS), an uncaptured one is represented by them;
+ * intervals of PS_BUDGET_EXACT_OFFCPU_NS or more always count once, exactly (uncaptured ones with
+ * the kernel stack taken at switch-in), so a rare long stall is never lost or inflated, also
+ * across window boundaries (ps_offcpu_weight_final). A thread whose last interval was that long
+ * (ps_thread_state.last_long) has its next switch-out captured outside the budget (counted as a
+ * candidate, weight 1): a thread that mostly waits long, the one whose waits matter, keeps its
+ * user stack (which switch-in cannot take: the thread's memory is not current then), at no more
+ * than 10 captures a second each. A walk costs 2-5 us here: B = 1000 holds the budgeted walks
+ * to about 0.5% of each CPU. B = 0: no budget. */
 #define PS_BUDGET_EXACT_OFFCPU_NS 100000000ULL /* 100 ms */
 
 /* How many times an off-CPU interval of `ns` counts (ns and count), given the stages' choices at
  * its switch-out (ps_thread_state.stack_weight and budget_weight): 0 = not counted. Used by BPF
- * at switch-in and by the daemon for the part of an interval before a window boundary. */
+ * at switch-in and by the daemon for an interval still running at a window boundary. The
+ * minimum off-CPU duration (--off-cpu-min-duration) is applied apart. */
 static inline __u64 ps_offcpu_weight(__u32 stack_weight, __u32 budget_weight, __u64 ns) {
   if (stack_weight == 0) /* not chosen by the per-thread stage */
     return ns >= PS_EXACT_OFFCPU_NS ? 1 : 0;
@@ -153,6 +160,24 @@ static inline __u64 ps_offcpu_weight(__u32 stack_weight, __u32 budget_weight, __
   if (ns < PS_EXACT_OFFCPU_NS) w *= stack_weight;
   if (ns < PS_BUDGET_EXACT_OFFCPU_NS) w *= budget_weight;
   return w;
+}
+
+/* Whether the weight of an interval `ns` long so far, and whether it reaches the minimum off-CPU
+ * duration min_ns, stay the same however long it lasts. An interval running at a window boundary
+ * is split there only once this holds at the boundary: the daemon then counts the part before it
+ * (by this final weight), and BPF the part after, at switch-in. Until then the whole interval is
+ * left to whichever sees it end or become final: BPF counts it at switch-in from its start, and
+ * the daemon, at the first boundary where it is final, from its start too (so the part before a
+ * boundary may land in the next window, by at most max(min_ns, PS_BUDGET_EXACT_OFFCPU_NS)).
+ * Splitting by the weight so far would make a long interval's parts count different numbers of
+ * times: its first 50 ms dropped or multiplied by c, then the rest once. */
+static inline int ps_offcpu_weight_final(__u32 stack_weight, __u32 budget_weight, __u64 ns,
+                                         __u64 min_ns) {
+  if (ns < min_ns) return 0;
+  if (stack_weight == 0) return ns >= PS_EXACT_OFFCPU_NS;
+  if (budget_weight != 1 && ns < PS_BUDGET_EXACT_OFFCPU_NS) return 0;
+  if (stack_weight != 1 && ns < PS_EXACT_OFFCPU_NS) return 0;
+  return 1;
 }
 
 /* Control block shared by every program (ps_control, array of 1), written by the daemon at each
@@ -229,8 +254,10 @@ struct ps_thread_state {
   __s32 carry_user_stack_err;
   __s32 carry_kernel_stack_err;
   __u32 carry_state;
-  __u32 carry_weight; /* times the interval counts (ps_offcpu_weight; 0: not counted, e.g.
-                         under the minimum off-CPU duration) */
+  __u32 carry_weight; /* times the part before carry_ws_ns counts (ps_offcpu_weight, clamped
+                         to 2^32-1); 0: none of it is the daemon's (under the minimum off-CPU
+                         duration, or not final at the boundary and so counted whole by BPF:
+                         ps_offcpu_weight_final) */
   char comm[PS_TASK_COMM_LEN];
   /* Off-CPU stack sampling (PS_RATE_PERIOD_NS above). */
   __u64 rate_start_ns;      /* start of the current rate period */
@@ -241,7 +268,9 @@ struct ps_thread_state {
   struct ps_user_memo memo; /* the last complete user walk at switch-out (BPF's only) */
   __u32 budget_weight;      /* this switch-out, if chosen: c if captured within the CPU's budget
                                (PS_BUDGET_EXACT_OFFCPU_NS), 0 if not */
-  __u32 pad;
+  __u32 last_long;          /* the thread's last off-CPU interval lasted
+                               PS_BUDGET_EXACT_OFFCPU_NS or more: its next switch-out is captured
+                               outside the budget */
 };
 PS_STATIC_ASSERT(sizeof(struct ps_thread_state) == 232, "ps_thread_state layout");
 
@@ -355,9 +384,8 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_CTR_TREE_FULL 33            /* forks not followed: ps_pid_filter was full */
 #define PS_CTR_UNWIND_MEMO_HITS 34    /* switch-outs whose user stack was the thread's last walk
                                         (ps_user_memo), not walked again */
-#define PS_CTR_OFFCPU_OVER_BUDGET                               \
-  35 /* switch-outs not captured for their CPU's capture budget \
-       (--off-cpu-stack-budget) */
+/* switch-outs not captured for their CPU's capture budget (--off-cpu-stack-budget) */
+#define PS_CTR_OFFCPU_OVER_BUDGET 35
 #define PS_CTR_NUM 36
 
 /* Default capacities; the daemon sizes ps_stacks<N> and ps_oncpu<N> before load from the CPU count,
@@ -372,9 +400,9 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_ONCPU_MAP_ENTRIES 4096
 #define PS_PID_FILTER_ENTRIES 1024   /* --pid targets; command mode sizes it PS_TREE_ENTRIES */
 #define PS_TREE_ENTRIES 32768        /* live processes of a command mode tree */
-#define PS_THREAD_MAP_ENTRIES                                                                   \
-  65536                              /* at most, threads tracked off-CPU at once (preallocated, \
-                                        ~296 bytes each; sized by the daemon) */
+/* at most, threads tracked off-CPU at once (preallocated, ~304 bytes each with the bucket; sized
+ * by the daemon) */
+#define PS_THREAD_MAP_ENTRIES 65536
 #define PS_RUNNING_ENTRIES 32768     /* processes with a parallelism count */
 #define PS_OFFCPU_MAP_ENTRIES 16384
 #define PS_RUNTIME_MAP_ENTRIES 8192

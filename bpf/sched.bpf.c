@@ -150,8 +150,8 @@ static __always_inline void ps_add_offcpu(void *map, struct ps_offcpu_key *key, 
 
 /* `tid` is switched in at `now`: account the off-CPU interval it is ending. `task` is the thread
  * when it is not running yet (next, in sched_switch), so that an interval whose stacks were not
- * captured and that lasted PS_EXACT_OFFCPU_NS or more gets its sleeping kernel stack; NULL
- * otherwise. */
+ * captured and that counts once (long enough: abi.h ps_offcpu_weight) gets its sleeping kernel
+ * stack; NULL otherwise. */
 static __always_inline void ps_switch_in(struct task_struct *task, __u32 tid, __u64 now, __u64 ws,
                                          __u32 buf) {
   struct ps_thread_state *ts = bpf_map_lookup_elem(&ps_threads, &tid);
@@ -159,6 +159,7 @@ static __always_inline void ps_switch_in(struct task_struct *task, __u32 tid, __
     return;
   __u64 out = ts->out_ns;
   __u64 start = out;
+  ts->last_long = now - out >= PS_BUDGET_EXACT_OFFCPU_NS;
   /* Times the interval counts (abi.h ps_offcpu_weight): an uncaptured one only when long, once. */
   __u64 weight = now - out >= ps_cfg_min_offcpu_ns
                      ? ps_offcpu_weight(ts->stack_weight, ts->budget_weight, now - out)
@@ -181,15 +182,18 @@ static __always_inline void ps_switch_in(struct task_struct *task, __u32 tid, __
       }
     }
   }
-  if (out < ws) {
-    /* Crossed the window start: the part before it is the daemon's to attribute. */
+  /* Crossed the window start with its weight already final there (abi.h ps_offcpu_weight_final,
+   * so `weight` is the one the daemon uses): the part before it is the daemon's to attribute.
+   * Not final there: the daemon left the whole interval to BPF, counted from its start. */
+  if (out < ws &&
+      ps_offcpu_weight_final(ts->stack_weight, ts->budget_weight, ws - out, ps_cfg_min_offcpu_ns)) {
     ts->carry_out_ns = out;
     ts->carry_user_stack = ts->user_stack;
     ts->carry_kernel_stack = ts->kernel_stack;
     ts->carry_user_stack_err = ts->user_stack_err;
     ts->carry_kernel_stack_err = ts->kernel_stack_err;
     ts->carry_state = ts->state;
-    ts->carry_weight = (__u32)weight;
+    ts->carry_weight = weight > 0xffffffffULL ? 0xffffffffU : (__u32)weight;
     ps_barrier();
     ts->carry_ws_ns = ws;
     start = ws;
@@ -239,20 +243,23 @@ static __always_inline __u32 ps_stack_sample(struct ps_thread_state *ts, __u64 n
 
 /* The CPU's capture budget (abi.h PS_BUDGET_EXACT_OFFCPU_NS) for a switch-out the per-thread
  * stage chose: counts it in the CPU's rate period and returns the weight of its stacks, c, or 0
- * when they are not to be captured. */
-static __always_inline __u32 ps_budget_sample(struct ps_cpu_state *cs, __u64 now) {
+ * when they are not to be captured. `exempt` (the thread's last interval was long): counted, and
+ * captured with weight 1. */
+static __always_inline __u32 ps_budget_sample(struct ps_cpu_state *cs, __u64 now, int exempt) {
   if (ps_cfg_stack_budget == 0) return 1;
   __u64 elapsed = now - cs->budget_start_ns;
   if (elapsed >= PS_RATE_PERIOD_NS) {
-    /* c = floor(rate / B), rate = candidates per second over the period that just ended. */
-    __u64 c = (__u64)cs->budget_count * 1000000000ULL / elapsed / ps_cfg_stack_budget;
+    /* c = ceil(rate / B), rate = candidates per second over the period that just ended: at most
+     * B captures a second. */
+    __u64 rate = (__u64)cs->budget_count * 1000000000ULL / elapsed;
+    __u64 c = (rate + ps_cfg_stack_budget - 1) / ps_cfg_stack_budget;
     cs->budget_weight = c > PS_MAX_STACK_WEIGHT ? PS_MAX_STACK_WEIGHT : (__u32)c;
     cs->budget_start_ns = now;
     cs->budget_count = 0;
   }
   cs->budget_count++;
   __u32 c = cs->budget_weight;
-  if (c <= 1) return 1;
+  if (c <= 1 || exempt) return 1;
   if (bpf_get_prandom_u32() % c != 0) {
     ps_count(PS_CTR_OFFCPU_OVER_BUDGET);
     return 0;
@@ -294,7 +301,7 @@ static __always_inline int ps_switch_out(void *ctx, struct ps_cpu_state *cs,
   else
     state = PS_STATE_SLEEPING; /* interruptible, TASK_IDLE, stopped, traced */
   ts->stack_weight = ps_stack_sample(ts, now);
-  ts->budget_weight = ts->stack_weight ? ps_budget_sample(cs, now) : 1;
+  ts->budget_weight = ts->stack_weight ? ps_budget_sample(cs, now, ts->last_long) : 1;
   __u64 tgid_start_ns = ps_btf_tgid_start_ns(prev);
   __u32 exec_id = ps_btf_exec_id(prev);
   /* Another image than at the last switch-out, sampled or not (ts's identity fields, set at

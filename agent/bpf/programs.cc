@@ -254,7 +254,7 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
       return LibbpfError(rc, absl::StrCat("sharing map ", bpf_map__name(s.mine)));
     }
   }
-  // ps_threads is preallocated (bpf/sched.bpf.c: kThreadEntryBytes, 19 MiB at
+  // ps_threads is preallocated (kThreadEntryBytes below, 19 MiB at
   // PS_THREAD_MAP_ENTRIES): twice the threads alive now, so the host can grow before the map is
   // full (then switch-outs are counted, PS_CTR_THREAD_MAP_FULL, and lost), at least 8192 (2.4
   // MiB). Without off-CPU tracking nothing is stored in it: one entry.

@@ -112,10 +112,18 @@ void Collector::ScanThreads(int64_t prev_ws, int64_t ws,
                             const absl::flat_hash_map<uint32_t, uint64_t>& on_cpu,
                             WindowData* out) {
   const uint64_t cur = static_cast<uint64_t>(ws), prev = static_cast<uint64_t>(prev_ws);
+  // Intervals this scan leaves whole to BPF (not final at `cur`, bpf/abi.h
+  // ps_offcpu_weight_final): tid -> out_ns.
+  absl::flat_hash_map<uint32_t, uint64_t> deferred;
+  // Where the daemon's part of an interval that began at `out` starts: at `prev`, unless the last
+  // scan left it whole to BPF (then from its start: BPF will count only from `cur`).
+  auto from_of = [&](uint32_t tid, uint64_t out) {
+    auto it = deferred_.find(tid);
+    return it != deferred_.end() && it->second == out ? out : std::max(out, prev);
+  };
   // `weight`: times the interval counts (bpf/abi.h ps_offcpu_weight).
   auto emit = [&](uint32_t tid, const ps_thread_state& ts, uint64_t from, uint64_t kstack,
                   int32_t kerr, uint64_t ustack, int32_t uerr, uint32_t state, uint64_t weight) {
-    from = std::max(from, prev);
     uint64_t to = cur;
     // Marked off-CPU at out_ns but seen running on a CPU since a later time: it came in by an
     // unreported switch (bpf/abi.h), so it was off-CPU only until then. A CPU record older than
@@ -138,20 +146,25 @@ void Collector::ScanThreads(int64_t prev_ws, int64_t ws,
   maps_->VisitThreads([&](uint32_t tid, const ps_thread_state& ts) {
     ++entries;
     if (ts.carry_ws_ns == cur) {
+      // Ended after `cur`, its weight final at `cur` (BPF copies only such intervals).
       if (ts.carry_weight != 0) {
-        emit(tid, ts, ts.carry_out_ns, ts.carry_kernel_stack, ts.carry_kernel_stack_err,
-             ts.carry_user_stack, ts.carry_user_stack_err, ts.carry_state, ts.carry_weight);
+        emit(tid, ts, from_of(tid, ts.carry_out_ns), ts.carry_kernel_stack,
+             ts.carry_kernel_stack_err, ts.carry_user_stack, ts.carry_user_stack_err,
+             ts.carry_state, ts.carry_weight);
       }
     } else if (ts.out_ns != 0 && ts.out_ns < cur) {
-      // Still off-CPU: weighted by its length so far, as BPF will weight the rest at switch-in
-      // (an uncaptured interval counts only once it is long).
+      // Still off-CPU. Split at `cur` only once its weight is final (abi.h): counted by it now,
+      // the rest by BPF at switch-in. Else left whole to BPF (or to the next scan).
       const uint64_t so_far = cur - ts.out_ns;
-      const uint64_t weight = so_far >= options_.min_offcpu_ns
-                                  ? ps_offcpu_weight(ts.stack_weight, ts.budget_weight, so_far)
-                                  : 0;
-      if (weight != 0) {
-        emit(tid, ts, ts.out_ns, ts.kernel_stack, ts.kernel_stack_err, ts.user_stack,
-             ts.user_stack_err, ts.state, weight);
+      if (ps_offcpu_weight_final(ts.stack_weight, ts.budget_weight, so_far,
+                                 options_.min_offcpu_ns)) {
+        const uint64_t weight = ps_offcpu_weight(ts.stack_weight, ts.budget_weight, so_far);
+        if (weight != 0) {
+          emit(tid, ts, from_of(tid, ts.out_ns), ts.kernel_stack, ts.kernel_stack_err,
+               ts.user_stack, ts.user_stack_err, ts.state, weight);
+        }
+      } else if (deferred.size() < PS_THREAD_MAP_ENTRIES) {
+        deferred.emplace(tid, ts.out_ns);
       }
     }
     // Keep the stacks of threads still off-CPU: their intervals end in a later window.
@@ -162,6 +175,7 @@ void Collector::ScanThreads(int64_t prev_ws, int64_t ws,
       }
     }
   });
+  deferred_ = std::move(deferred);
   map_stats_.thread_states = entries;
   map_stats_.thread_states_max = std::max(map_stats_.thread_states_max, entries);
 }

@@ -81,6 +81,9 @@ class Collector {
     uint64_t last_used_window = 0;
   };
   absl::flat_hash_map<uint64_t, CachedStack> stack_cache_;
+  // Off-CPU intervals the last thread scan left whole to BPF, their weight not final at its
+  // boundary (bpf/abi.h ps_offcpu_weight_final): tid -> out_ns. At most PS_THREAD_MAP_ENTRIES.
+  absl::flat_hash_map<uint32_t, uint64_t> deferred_;
   MapStats map_stats_;
 };
 

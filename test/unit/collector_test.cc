@@ -137,8 +137,9 @@ ps_thread_state SwitchedOut(const proc::ProcessKey& p, uint64_t out_ns, uint64_t
 
 // What ps_switch_in does to a thread switched in at now_ns while the programs see window start
 // ws_ns: an interval that began before ws_ns is copied to carry_* (carry_ws_ns = ws_ns), and the
-// part from max(out_ns, ws_ns) is returned as the record BPF adds to ps_offcpu<buf>. min_ok as
-// BPF computes it (the stacks here are captured: only --off-cpu-min-duration, 0 here).
+// part from max(out_ns, ws_ns) is returned as the record BPF adds to ps_offcpu<buf>. The stacks
+// here are captured with weights 1 and no minimum duration, so the weight is final at any length
+// (bpf/abi.h ps_offcpu_weight_final) and always 1.
 std::pair<ps_offcpu_key, ps_offcpu_value> SwitchIn(uint32_t tid, ps_thread_state* ts,
                                                    uint64_t now_ns, uint64_t ws_ns) {
   uint64_t start = ts->out_ns;
@@ -401,20 +402,23 @@ TEST_CASE("collector: an interval whose stacks were not captured counts from PS_
   CHECK(w1.offcpu.size() == 4);
 }
 
-TEST_CASE(
-    "collector: intervals under the CPU's capture budget count by their weights at the "
-    "boundary",
-    "[collect]") {
-  // Ground truth at the boundary 2 s (bpf/abi.h PS_BUDGET_EXACT_OFFCPU_NS, ps_offcpu_weight), per
-  // thread of A, all still off-CPU:
-  // 81: chosen, not captured for the budget (budget_weight 0), since 2 s - 99'999'999 ns: shorter
-  //     than PS_BUDGET_EXACT_OFFCPU_NS so far, represented by weighted intervals: nothing.
-  // 82: same, since 2 s - 100 ms: counted once, 100 ms, stacks PS_ERR_NOT_CAPTURED.
-  // 83: captured with budget weight 5, since 2 s - 50 ms: 5 x 50 ms, count 5.
-  // 84: captured with budget weight 5, since 2 s - 100 ms: long, once: 100 ms, count 1.
-  // 85: captured with stack weight 4 and budget weight 5, since 2 s - 500 us: 20 x 500 us.
-  // 86: captured with stack weight 4 and budget weight 5, since 2 s - 2 ms: 5 x 2 ms.
-  // 87: switched in after the boundary with carry_weight 3, carry_out_ns 2 s - 10 ms: 3 x 10 ms.
+TEST_CASE("collector: an interval whose weight is not final at a boundary is left whole to BPF",
+          "[collect]") {
+  // Ground truth (bpf/abi.h ps_offcpu_weight_final): the daemon counts the part of an interval
+  // before a boundary only once its weight can no longer change; until then BPF counts it whole,
+  // or a later scan does, from its start. Per thread of A at the boundary 2 s, all off-CPU:
+  // 81: chosen, not captured for the budget (budget_weight 0), since 2 s - 99'999'999 ns: under
+  //     PS_BUDGET_EXACT_OFFCPU_NS so far, its weight may still become 1: nothing yet.
+  // 82: same, since 2 s - 100 ms: final, once: 100 ms, stacks PS_ERR_NOT_CAPTURED.
+  // 83: captured with budget weight 5, since 2 s - 50 ms: not final: nothing yet.
+  // 84: captured with budget weight 5, since 2 s - 100 ms: final, once: 100 ms.
+  // 85: captured with stack weight 4 and budget weight 5, since 2 s - 500 us: nothing yet.
+  // 86: captured with stack weight 4 (no budget), since 2 s - 2 ms: final, once: 2 ms.
+  // At the boundary 3 s:
+  // 81: still off-CPU, now final: from its start, 1'099'999'999 ns.
+  // 83: switched in at 2.01 s; BPF counted it whole (no carry for 3 s): nothing.
+  // 85: switched in after 3 s, final there (carry_weight 1): from its start, 1'000'500'000 ns.
+  // 82, 84, 86: still off-CPU, split at 2 s before: the window, 1 s each.
   FakeMapReader maps;
   Collector collector(&maps, {});
   auto weighted = [](uint64_t out_ns, uint32_t stack_weight, uint32_t budget_weight) {
@@ -432,33 +436,44 @@ TEST_CASE(
   maps.threads[83] = weighted(kT2 - 50'000'000, 1, 5);
   maps.threads[84] = weighted(kT2 - 100'000'000, 1, 5);
   maps.threads[85] = weighted(kT2 - 500'000, 4, 5);
-  maps.threads[86] = weighted(kT2 - 2'000'000, 4, 5);
-  ps_thread_state t87 = weighted(0, 1, 3);
-  t87.carry_ws_ns = kT2;
-  t87.carry_out_ns = kT2 - 10'000'000;
-  t87.carry_state = PS_STATE_SLEEPING;
-  t87.carry_weight = 3;
-  maps.threads[87] = t87;
+  maps.threads[86] = weighted(kT2 - 2'000'000, 4, 1);
 
   WindowData w1 = collector.Collect(kT1, kT2, 0, false);
-  auto only = [&](uint32_t tid, uint64_t ns, uint64_t count) {
-    std::vector<OffCpuRecord> r = OffCpuOf(w1, tid);
+  auto only = [](const WindowData& w, uint32_t tid, uint64_t ns) {
+    std::vector<OffCpuRecord> r = OffCpuOf(w, tid);
     INFO("tid " << tid);
     REQUIRE(r.size() == 1);
     CHECK(r[0].ns == ns);
-    CHECK(r[0].count == count);
+    CHECK(r[0].count == 1);
     return r[0];
   };
   CHECK(OffCpuOf(w1, 81).empty());
-  OffCpuRecord r82 = only(82, PS_BUDGET_EXACT_OFFCPU_NS, 1);
+  OffCpuRecord r82 = only(w1, 82, PS_BUDGET_EXACT_OFFCPU_NS);
   CHECK(r82.stacks.kernel_stack_err == PS_ERR_NOT_CAPTURED);
   CHECK(r82.stacks.user_stack_err == PS_ERR_NOT_CAPTURED);
-  only(83, 5 * 50'000'000, 5);
-  only(84, 100'000'000, 1);
-  only(85, 20 * 500'000, 20);
-  only(86, 5 * 2'000'000, 5);
-  only(87, 3 * 10'000'000, 3);
-  CHECK(w1.offcpu.size() == 6);
+  CHECK(OffCpuOf(w1, 83).empty());
+  only(w1, 84, 100'000'000);
+  CHECK(OffCpuOf(w1, 85).empty());
+  only(w1, 86, 2'000'000);
+  CHECK(w1.offcpu.size() == 3);
+
+  maps.threads[83].out_ns = 0;  // switched in at 2.01 s
+  ps_thread_state& t85 = maps.threads[85];
+  t85.carry_ws_ns = kT3;
+  t85.carry_out_ns = t85.out_ns;
+  t85.carry_kernel_stack_err = t85.kernel_stack_err;
+  t85.carry_user_stack_err = t85.user_stack_err;
+  t85.carry_state = t85.state;
+  t85.carry_weight = 1;
+  t85.out_ns = kT3 + 20'000'000;  // switched in after 3 s, out again
+  WindowData w2 = collector.Collect(kT2, kT3, 1, false);
+  only(w2, 81, 1'099'999'999);
+  CHECK(OffCpuOf(w2, 83).empty());
+  only(w2, 85, 1'000'500'000);
+  only(w2, 82, 1'000'000'000);
+  only(w2, 84, 1'000'000'000);
+  only(w2, 86, 1'000'000'000);
+  CHECK(w2.offcpu.size() == 5);
 }
 
 TEST_CASE("collector: the off-CPU minimum duration applies to the whole interval at the boundary",
