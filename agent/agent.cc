@@ -1076,8 +1076,8 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
         config.off_cpu_stack_budget, ")); a captured interval under ",
         PS_BUDGET_EXACT_OFFCPU_NS / 1000000, " ms counts c times more (unbiased); intervals of ",
         PS_BUDGET_EXACT_OFFCPU_NS / 1000000,
-        " ms or more count once, exactly, and a thread's switch-out after one is "
-        "always captured");
+        " ms or more count once, exactly, and a thread's next wait after one is captured "
+        "outside the budget (up to as many again)");
   }
   // --latency-group=cgroup: the latency profiles are the cgroups' (group_set, which also builds
   // each cgroup's CPU profile for the summary); the per-process set builds the other types.

@@ -41,9 +41,11 @@ ABSL_FLAG(absl::Duration, off_cpu_min_duration, absl::ZeroDuration(),
 ABSL_FLAG(int32_t, off_cpu_stack_rate, 1000,
           "off-CPU stack captures per second per thread; above it stacks are sampled and "
           "weighted (0: capture at every switch-out)");
-ABSL_FLAG(int32_t, off_cpu_stack_budget, 1000,
-          "off-CPU stack captures per second per CPU, all threads together; above it stacks are "
-          "sampled and weighted, intervals of 100 ms or more still count exactly (0: no budget)");
+ABSL_FLAG(
+    int32_t, off_cpu_stack_budget, 1000,
+    "off-CPU stack captures per second per CPU, all threads together; above it stacks are "
+    "sampled and weighted, intervals of 100 ms or more still count exactly, and threads whose "
+    "last wait lasted that long are captured within as many again (0: no budget)");
 ABSL_FLAG(std::string, output_dir, "",
           "write DIR/<pid>/<start ticks>.<exec id>/<profile>-<t0 unix ms>.pb.gz (gzip pprof) each "
           "window");

@@ -133,18 +133,18 @@ PS_STATIC_ASSERT(sizeof(struct ps_oncpu_value) == 32, "ps_oncpu_value layout");
  * switch-out (500 threads sleeping 1-10 ms: 90k walks a second on 2 CPUs). Each CPU therefore
  * counts the switch-outs the per-thread stage chose for capture (candidates) over a rate period;
  * when the last period had more than B per second, each candidate in the next one is captured
- * with probability 1/c, c = ceil(rate / B) (ps_cpu_state.budget_weight), so captures stay at or
- * under B a second. The choice is made at switch-out, before the interval's length is known, so
- * weights keep sums unbiased: a captured interval shorter than PS_BUDGET_EXACT_OFFCPU_NS counts c
- * times (times w if also under PS_EXACT_OFFCPU_NS), an uncaptured one is represented by them;
- * intervals of PS_BUDGET_EXACT_OFFCPU_NS or more always count once, exactly (uncaptured ones with
- * the kernel stack taken at switch-in), so a rare long stall is never lost or inflated, also
+ * with probability 1/c, c = ceil(rate / B) (ps_cpu_state.budget_weight), so sampled captures
+ * stay at or under B a second. The choice is made at switch-out, before the interval's length is
+ * known, so weights keep sums unbiased: a captured interval shorter than PS_BUDGET_EXACT_OFFCPU_NS
+ * counts c times (times w if also under PS_EXACT_OFFCPU_NS), an uncaptured one is represented by
+ * them; intervals of PS_BUDGET_EXACT_OFFCPU_NS or more always count once, exactly (uncaptured ones
+ * with the kernel stack taken at switch-in), so a rare long stall is never lost or inflated, also
  * across window boundaries (ps_offcpu_weight_final). A thread whose last interval was that long
- * (ps_thread_state.last_long) has its next switch-out captured outside the budget (counted as a
- * candidate, weight 1): a thread that mostly waits long, the one whose waits matter, keeps its
- * user stack (which switch-in cannot take: the thread's memory is not current then), at no more
- * than 10 captures a second each. A walk costs 2-5 us here: B = 1000 holds the budgeted walks
- * to about 0.5% of each CPU. B = 0: no budget. */
+ * (ps_thread_state.last_long) has its next voluntary switch-out captured outside the budget,
+ * weight 1, while the CPU has taken fewer than B such captures a second: a thread that mostly
+ * waits long, the one whose waits matter, keeps its user stack (which switch-in cannot take: the
+ * thread's memory is not current then). So a CPU captures at most 2B a second. A walk costs 2-5
+ * us here: B = 1000 holds the walks to about 0.5-1% of each CPU. B = 0: no budget. */
 #define PS_BUDGET_EXACT_OFFCPU_NS 100000000ULL /* 100 ms */
 
 /* How many times an off-CPU interval of `ns` counts (ns and count), given the stages' choices at
@@ -234,9 +234,11 @@ struct ps_user_memo {
 PS_STATIC_ASSERT(sizeof(struct ps_user_memo) == 88, "ps_user_memo layout");
 
 /* Per-thread switch-out state (ps_threads hash, key = tid). An off-CPU interval is accounted by
- * BPF at switch-in from max(out_ns, window start); the part before the window start is left to
- * the daemon: for an interval still running at a boundary it reads out_ns, and for one that ended
- * after the boundary but before the daemon looked, BPF copied it to the carry_* fields first. */
+ * BPF at switch-in from max(out_ns, window start), or from out_ns when its weight was not final
+ * at the window start (ps_offcpu_weight_final); the part before the window start is then left
+ * to the daemon: for an interval still running at a boundary it reads out_ns, and for one that
+ * ended after the boundary but before the daemon looked, BPF copied it to the carry_* fields
+ * first. */
 struct ps_thread_state {
   __u64 out_ns;             /* ktime at switch-out; 0 while the thread is on a CPU */
   __u64 tgid_start_ns;
@@ -268,9 +270,9 @@ struct ps_thread_state {
   struct ps_user_memo memo; /* the last complete user walk at switch-out (BPF's only) */
   __u32 budget_weight;      /* this switch-out, if chosen: c if captured within the CPU's budget
                                (PS_BUDGET_EXACT_OFFCPU_NS), 0 if not */
-  __u32 last_long;          /* the thread's last off-CPU interval lasted
-                               PS_BUDGET_EXACT_OFFCPU_NS or more: its next switch-out is captured
-                               outside the budget */
+  __u32 last_long;          /* the thread's last off-CPU interval that was not a preemption
+                               lasted PS_BUDGET_EXACT_OFFCPU_NS or more: its next switch-out may
+                               be captured outside the budget */
 };
 PS_STATIC_ASSERT(sizeof(struct ps_thread_state) == 232, "ps_thread_state layout");
 
@@ -318,10 +320,12 @@ struct ps_cpu_state {
   __u64 group;        /* the ps_running key the task is counted under (PS_GROUP_*) */
   /* Off-CPU capture budget (PS_BUDGET_EXACT_OFFCPU_NS above), sched_switch's only. */
   __u64 budget_start_ns; /* start of the current rate period */
-  __u32 budget_count;    /* capture candidates in it */
+  __u32 budget_count;    /* capture candidates in it (exempt ones not included) */
   __u32 budget_weight;   /* c from the last period (0 or 1: capture every candidate) */
+  __u32 budget_exempt;   /* captures in it outside the budget (ps_thread_state.last_long) */
+  __u32 pad2;
 };
-PS_STATIC_ASSERT(sizeof(struct ps_cpu_state) == 112, "ps_cpu_state layout");
+PS_STATIC_ASSERT(sizeof(struct ps_cpu_state) == 120, "ps_cpu_state layout");
 
 /* Switches the sched_switch tracepoint did not report. On some hosts the tracepoint misses a
  * share of switches (seen on a PVM guest: switches out of the host agent's threads, ~2-7% of all

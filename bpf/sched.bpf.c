@@ -9,8 +9,9 @@
  *    on other CPUs);
  *  - next enters: its count rises and, if it was switched out before, the interval it spent
  *    off-CPU is added to ps_offcpu<N> under the stack and state captured at switch-out.
- * Intervals are split at window boundaries: BPF accounts from max(start, window start); the part
- * before is the daemon's (see struct ps_thread_state in abi.h).
+ * Intervals are split at window boundaries once their weight is final there (abi.h
+ * ps_offcpu_weight_final): BPF accounts from the window start, the part before is the daemon's
+ * (see struct ps_thread_state in abi.h); a younger interval is counted whole, from its start.
  * Attached as tp_btf (BPF_PROG_TYPE_TRACING, Linux 5.5+; the floor is 5.10): its arguments are
  * typed kernel pointers the verifier lets helpers such as bpf_get_task_stack take. */
 #include "vmlinux.h"
@@ -159,7 +160,11 @@ static __always_inline void ps_switch_in(struct task_struct *task, __u32 tid, __
     return;
   __u64 out = ts->out_ns;
   __u64 start = out;
-  ts->last_long = now - out >= PS_BUDGET_EXACT_OFFCPU_NS;
+  /* A preemption (run-queue wait) says nothing of how long the thread waits when it blocks. */
+  if (now - out >= PS_BUDGET_EXACT_OFFCPU_NS)
+    ts->last_long = 1;
+  else if (ts->state != PS_STATE_RUNNABLE)
+    ts->last_long = 0;
   /* Times the interval counts (abi.h ps_offcpu_weight): an uncaptured one only when long, once. */
   __u64 weight = now - out >= ps_cfg_min_offcpu_ns
                      ? ps_offcpu_weight(ts->stack_weight, ts->budget_weight, now - out)
@@ -193,7 +198,10 @@ static __always_inline void ps_switch_in(struct task_struct *task, __u32 tid, __
     ts->carry_user_stack_err = ts->user_stack_err;
     ts->carry_kernel_stack_err = ts->kernel_stack_err;
     ts->carry_state = ts->state;
-    ts->carry_weight = weight > 0xffffffffULL ? 0xffffffffU : (__u32)weight;
+    /* Its weight at the boundary, final there: 1. (The full length can be shorter than ws - out
+     * when `now` is an estimated switch-in, abi.h, before ws: its weight then says nothing of the
+     * part before ws.) */
+    ts->carry_weight = (__u32)ps_offcpu_weight(ts->stack_weight, ts->budget_weight, ws - out);
     ps_barrier();
     ts->carry_ws_ns = ws;
     start = ws;
@@ -243,8 +251,8 @@ static __always_inline __u32 ps_stack_sample(struct ps_thread_state *ts, __u64 n
 
 /* The CPU's capture budget (abi.h PS_BUDGET_EXACT_OFFCPU_NS) for a switch-out the per-thread
  * stage chose: counts it in the CPU's rate period and returns the weight of its stacks, c, or 0
- * when they are not to be captured. `exempt` (the thread's last interval was long): counted, and
- * captured with weight 1. */
+ * when they are not to be captured. `exempt` (a voluntary switch-out of a thread whose last wait
+ * was long): captured with weight 1 within the CPU's allowance for those, else a candidate. */
 static __always_inline __u32 ps_budget_sample(struct ps_cpu_state *cs, __u64 now, int exempt) {
   if (ps_cfg_stack_budget == 0) return 1;
   __u64 elapsed = now - cs->budget_start_ns;
@@ -256,10 +264,17 @@ static __always_inline __u32 ps_budget_sample(struct ps_cpu_state *cs, __u64 now
     cs->budget_weight = c > PS_MAX_STACK_WEIGHT ? PS_MAX_STACK_WEIGHT : (__u32)c;
     cs->budget_start_ns = now;
     cs->budget_count = 0;
+    cs->budget_exempt = 0;
+  }
+  /* Exempt: within B a second of its own (B / 10 a period), not a candidate (c unchanged). */
+  if (exempt &&
+      (__u64)cs->budget_exempt * (1000000000ULL / PS_RATE_PERIOD_NS) < ps_cfg_stack_budget) {
+    cs->budget_exempt++;
+    return 1;
   }
   cs->budget_count++;
   __u32 c = cs->budget_weight;
-  if (c <= 1 || exempt) return 1;
+  if (c <= 1) return 1;
   if (bpf_get_prandom_u32() % c != 0) {
     ps_count(PS_CTR_OFFCPU_OVER_BUDGET);
     return 0;
@@ -301,7 +316,10 @@ static __always_inline int ps_switch_out(void *ctx, struct ps_cpu_state *cs,
   else
     state = PS_STATE_SLEEPING; /* interruptible, TASK_IDLE, stopped, traced */
   ts->stack_weight = ps_stack_sample(ts, now);
-  ts->budget_weight = ts->stack_weight ? ps_budget_sample(cs, now, ts->last_long) : 1;
+  ts->budget_weight =
+      ts->stack_weight
+          ? ps_budget_sample(cs, now, ts->last_long && !preempt && st != PS_TASK_RUNNING)
+          : 1;
   __u64 tgid_start_ns = ps_btf_tgid_start_ns(prev);
   __u32 exec_id = ps_btf_exec_id(prev);
   /* Another image than at the last switch-out, sampled or not (ts's identity fields, set at

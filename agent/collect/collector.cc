@@ -21,7 +21,7 @@ WindowData Collector::Collect(int64_t prev_ws_ns, int64_t ws_ns, uint32_t closed
   if (options_.sched) {
     absl::flat_hash_map<uint32_t, uint64_t> on_cpu;
     ScanCpus(prev_ws_ns, ws_ns, &on_cpu, &out);
-    ScanThreads(prev_ws_ns, ws_ns, on_cpu, &out);
+    ScanThreads(prev_ws_ns, ws_ns, on_cpu, final, &out);
   }
 
   // Keep stacks used in this or the previous window; bound the cache.
@@ -109,7 +109,7 @@ void Collector::DrainBuffer(uint32_t index, WindowData* out) {
 }
 
 void Collector::ScanThreads(int64_t prev_ws, int64_t ws,
-                            const absl::flat_hash_map<uint32_t, uint64_t>& on_cpu,
+                            const absl::flat_hash_map<uint32_t, uint64_t>& on_cpu, bool final,
                             WindowData* out) {
   const uint64_t cur = static_cast<uint64_t>(ws), prev = static_cast<uint64_t>(prev_ws);
   // Intervals this scan leaves whole to BPF (not final at `cur`, bpf/abi.h
@@ -154,11 +154,14 @@ void Collector::ScanThreads(int64_t prev_ws, int64_t ws,
       }
     } else if (ts.out_ns != 0 && ts.out_ns < cur) {
       // Still off-CPU. Split at `cur` only once its weight is final (abi.h): counted by it now,
-      // the rest by BPF at switch-in. Else left whole to BPF (or to the next scan).
+      // the rest by BPF at switch-in. Else left whole to BPF (or to the next scan), except at
+      // the last boundary (no switch-in will be seen): cut there, by its weight so far.
       const uint64_t so_far = cur - ts.out_ns;
-      if (ps_offcpu_weight_final(ts.stack_weight, ts.budget_weight, so_far,
-                                 options_.min_offcpu_ns)) {
-        const uint64_t weight = ps_offcpu_weight(ts.stack_weight, ts.budget_weight, so_far);
+      if (final || ps_offcpu_weight_final(ts.stack_weight, ts.budget_weight, so_far,
+                                          options_.min_offcpu_ns)) {
+        const uint64_t weight = so_far >= options_.min_offcpu_ns
+                                    ? ps_offcpu_weight(ts.stack_weight, ts.budget_weight, so_far)
+                                    : 0;
         if (weight != 0) {
           emit(tid, ts, from_of(tid, ts.out_ns), ts.kernel_stack, ts.kernel_stack_err,
                ts.user_stack, ts.user_stack_err, ts.state, weight);

@@ -60,8 +60,10 @@ class Collector {
   // Attributes the parts of intervals crossing [prev_ws, ws) that BPF left to the daemon.
   // `on_cpu`: tid -> since when ScanCpus saw it on a CPU (ktime ns), for threads whose switch-in
   // the tracepoint did not report (their state still says off-CPU; bpf/abi.h).
+  // `final`: the last window (programs detached): intervals still running are cut at ws.
   void ScanThreads(int64_t prev_ws, int64_t ws,
-                   const absl::flat_hash_map<uint32_t, uint64_t>& on_cpu, WindowData* out);
+                   const absl::flat_hash_map<uint32_t, uint64_t>& on_cpu, bool final,
+                   WindowData* out);
   // Adds the on-CPU time of the tasks running at the boundary; fills *on_cpu.
   void ScanCpus(int64_t prev_ws, int64_t ws, absl::flat_hash_map<uint32_t, uint64_t>* on_cpu,
                 WindowData* out);

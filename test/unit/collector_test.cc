@@ -419,6 +419,9 @@ TEST_CASE("collector: an interval whose weight is not final at a boundary is lef
   // 83: switched in at 2.01 s; BPF counted it whole (no carry for 3 s): nothing.
   // 85: switched in after 3 s, final there (carry_weight 1): from its start, 1'000'500'000 ns.
   // 82, 84, 86: still off-CPU, split at 2 s before: the window, 1 s each.
+  // At the last boundary, 4 s (final: no switch-in will be seen), still running intervals are
+  // cut by their weight so far: 91 (budget weight 5, since 4 s - 50 ms): 5 x 50 ms, count 5;
+  // 92 (budget weight 0, since 4 s - 50 ms): nothing, it is represented by weighted ones.
   FakeMapReader maps;
   Collector collector(&maps, {});
   auto weighted = [](uint64_t out_ns, uint32_t stack_weight, uint32_t budget_weight) {
@@ -474,6 +477,16 @@ TEST_CASE("collector: an interval whose weight is not final at a boundary is lef
   only(w2, 84, 1'000'000'000);
   only(w2, 86, 1'000'000'000);
   CHECK(w2.offcpu.size() == 5);
+
+  maps.threads.clear();
+  maps.threads[91] = weighted(kT4 - 50'000'000, 1, 5);
+  maps.threads[92] = weighted(kT4 - 50'000'000, 1, 0);
+  WindowData w3 = collector.Collect(kT3, kT4, 0, /*final=*/true);
+  std::vector<OffCpuRecord> r91 = OffCpuOf(w3, 91);
+  REQUIRE(r91.size() == 1);
+  CHECK(r91[0].ns == 5 * 50'000'000);
+  CHECK(r91[0].count == 5);
+  CHECK(OffCpuOf(w3, 92).empty());
 }
 
 TEST_CASE("collector: the off-CPU minimum duration applies to the whole interval at the boundary",
