@@ -109,7 +109,7 @@ static __always_inline int ps_sample(struct bpf_perf_event_data *ctx, const int 
       /* First sight of this CPU since attach: the interrupted task has been running since
        * before attach and no switch counted it yet. */
       ps_cpu_record(cs, tid, tgid, group, BPF_CORE_READ(task, group_leader, start_boottime),
-                    ps_exec_id(task), now, tracked, /*may_insert=*/0);
+                    ps_exec_id(task), now, tracked, /*may_insert=*/0, /*keep=*/0);
     } else if (cs->tid != tid && !cs->in_switch && now - cs->in_ns > PS_REPAIR_MIN_AGE_NS) {
       /* The interrupted task came in by a switch the tracepoint did not report (abi.h, "Switches
        * the sched_switch tracepoint did not report"). The age guard skips the instants between
@@ -118,7 +118,8 @@ static __always_inline int ps_sample(struct bpf_perf_event_data *ctx, const int 
       if (cs->in_running)
         ps_running_add(cs->group, -1, 0);
       ps_cpu_record(cs, tid, tgid, group, BPF_CORE_READ(task, group_leader, start_boottime),
-                    ps_exec_id(task), ps_unseen_switch_ns(cs, now), tracked, /*may_insert=*/0);
+                    ps_exec_id(task), ps_unseen_switch_ns(cs, now), tracked, /*may_insert=*/0,
+                    /*keep=*/0);
     }
     cs->sample_ns = now;
   }

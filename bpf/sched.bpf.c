@@ -411,11 +411,12 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
   /* prev leaves. On a CPU not seen since attach, prev was never counted or timed. prev_in_ns:
    * when prev came in (0: unknown), to close an off-CPU interval whose end was not reported. */
   __u64 prev_in_ns = 0;
+  /* The group this CPU holds a ps_running count in (0: none), returned once next's is known. */
+  __u64 held = 0;
   if (!ps_cpu_first_seen(cs, ctl)) {
+    held = cs->in_running ? cs->group : 0;
     if (cs->tid == prev_tid) {
       prev_in_ns = cs->in_ns;
-      if (cs->in_running)
-        ps_running_add(cs->group, -1, 0);
       if (cs->counted && prev_tid != 0) {
         ps_add_runtime(cs, cs->tgid, cs->tgid_start_ns, cs->exec_id, cs->in_ns, now, ws, buf, 1);
       }
@@ -423,8 +424,6 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
       /* The tracepoint missed switches on this CPU (abi.h): the recorded task left unseen (return
        * its count) and prev came in unseen. */
       ps_count(PS_CTR_SWITCH_CHAIN_BREAKS);
-      if (cs->in_running)
-        ps_running_add(cs->group, -1, 0);
       prev_in_ns = ps_unseen_switch_ns(cs, now);
       if (prev_tracked)
         ps_add_runtime(cs, prev_tgid, ps_btf_tgid_start_ns(prev), ps_btf_exec_id(prev), prev_in_ns,
@@ -442,9 +441,15 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
    * between that hook and its final switch-out would otherwise make one nothing deletes. */
   int counted = next_tid != 0 && ps_tgid_tracked(next_tgid);
   const int may_insert = !counted || next->signal->live.counter != 0;
-  ps_cpu_record(cs, next_tid, next_tgid, counted ? ps_group_of(next, next_tgid) : 0,
-                counted ? ps_btf_tgid_start_ns(next) : 0, counted ? ps_btf_exec_id(next) : 0, now,
-                counted, may_insert);
+  const __u64 next_group = counted ? ps_group_of(next, next_tgid) : 0;
+  /* This CPU's count moves from prev's group to next's. Between threads of one group (a pipe
+   * ping-pong, a thread pool) it stays: the count is the same after the switch, and two hash
+   * map operations are saved. Else prev's is returned here, after its stack walk: another CPU's
+   * sample meanwhile still counts prev, which has not left the CPU yet. */
+  const int keep = held != 0 && next_group == held;
+  if (held != 0 && !keep) ps_running_add(held, -1, 0);
+  ps_cpu_record(cs, next_tid, next_tgid, next_group, counted ? ps_btf_tgid_start_ns(next) : 0,
+                counted ? ps_btf_exec_id(next) : 0, now, counted, may_insert, keep);
   if (counted && ps_cfg_offcpu)
     ps_switch_in(next, next_tid, now, ws, buf);
   ps_barrier();
