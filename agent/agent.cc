@@ -174,9 +174,10 @@ class AgentMetrics {
         }));
     regs_.push_back(registry->AddCallback(
         MetricType::kCounter, "parascope_parallelism_uncounted_total",
-        "Tasks an on-CPU sample found switched in unseen whose process had no parallelism "
-        "entry: the sampler creates none (it may run in NMI context), so the task counts in "
-        "parallelism from its next switch-in.",
+        "Tasks not counted in parallelism: found by an on-CPU sample switched in unseen while "
+        "their process had no parallelism entry (the sampler creates none: it may run in NMI "
+        "context; the task counts from its next switch-in), or switched in while their "
+        "process was exiting.",
         {}, [this] {
           return std::vector<CallbackSample>{
               {{}, static_cast<double>(bpf_->Counters()[PS_CTR_RUNNING_UNCOUNTED])}};

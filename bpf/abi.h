@@ -316,7 +316,8 @@ struct ps_cpu_state {
   __u32 exec_id;      /* the task's ps_exec_id() (ps_oncpu_key.exec_id) */
   __u32 carry_exec_id;
   __u32 in_running;   /* 1 when the task is counted in ps_running (counted, and the entry was
-                         there or could be made: bpf/common.bpf.h ps_running_add) */
+                         there or could be made: bpf/common.bpf.h ps_running_add; or the count
+                         passed on from a task of the same group, ps_cpu_record's keep) */
   __u64 group;        /* the ps_running key the task is counted under (PS_GROUP_*) */
   /* Off-CPU capture budget (PS_BUDGET_EXACT_OFFCPU_NS above), sched_switch's only. */
   __u64 budget_start_ns; /* start of the current rate period */
@@ -374,9 +375,11 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_CTR_UNWIND_EVENTS_LOST 24   /* table requests the ring buffer could not take */
 #define PS_CTR_MAP_BUSY 25             /* a map insert met its bucket lock held on its CPU (-EBUSY,
                                           Linux 5.11+): lost like a full map's, map not full */
-#define PS_CTR_RUNNING_UNCOUNTED 26    /* a sample found a task switched in unseen of a process
-                                          without a ps_running entry (the sampler inserts none):
-                                          counted from its next switch-in */
+#define PS_CTR_RUNNING_UNCOUNTED                                                                   \
+  26                                    /* a task not counted in ps_running: a sample found it     \
+                                           switched in unseen of a process without an entry (the   \
+                                           sampler inserts none; counted from its next switch-in), \
+                                           or it switched in while its process was exiting */
 #define PS_CTR_UNWIND_VMA_FRAMES 27     /* frames unwound through a file found by bpf_find_vma
                                           (a mapping the process's list lacks yet) */
 #define PS_CTR_UNWIND_VMA_CACHE_FULL 28 /* an exec found ps_vma_cache full: that image's walks

@@ -264,11 +264,12 @@ static __always_inline __u32 ps_exec_id(struct task_struct *task) {
 
 /* Makes `cs` (this CPU's entry) record task `tid` of `tgid` as on the CPU since in_ns, tracked
  * (on-CPU time, and an increment of its group's ps_running count) when `counted`; `may_insert` as
- * in ps_running_add. `keep`: the old record's count is in `group` already and stays, as this
- * record's (sched_switch between threads of one group); else the caller has already returned
- * it (when cs->in_running). Only this CPU writes its entry; `counted` is cleared first and set
- * last so that the daemon's ScanCpus never pairs one task's switch-in time with another task's
- * process. */
+ * in ps_running_add. `keep` (only with `counted`): the old record's count is in `group` already
+ * and stays, as this record's (sched_switch between threads of one group; the entry may have
+ * gone with its group meanwhile, and then the later decrement finds none); else the caller has
+ * already returned it (when cs->in_running). Only this CPU writes its entry; `counted` is cleared
+ * first and set last so that the daemon's ScanCpus never pairs one task's switch-in time with
+ * another task's process. */
 static __always_inline void ps_cpu_record(struct ps_cpu_state *cs, __u32 tid, __u32 tgid,
                                           __u64 group, __u64 tgid_start_ns, __u32 exec_id,
                                           __u64 in_ns, int counted, int may_insert, int keep) {

@@ -421,8 +421,8 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
         ps_add_runtime(cs, cs->tgid, cs->tgid_start_ns, cs->exec_id, cs->in_ns, now, ws, buf, 1);
       }
     } else {
-      /* The tracepoint missed switches on this CPU (abi.h): the recorded task left unseen (return
-       * its count) and prev came in unseen. */
+      /* The tracepoint missed switches on this CPU (abi.h): the recorded task left unseen (its
+       * count, `held`, is returned or kept below) and prev came in unseen. */
       ps_count(PS_CTR_SWITCH_CHAIN_BREAKS);
       prev_in_ns = ps_unseen_switch_ns(cs, now);
       if (prev_tracked)
@@ -442,10 +442,12 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
   int counted = next_tid != 0 && ps_tgid_tracked(next_tgid);
   const int may_insert = !counted || next->signal->live.counter != 0;
   const __u64 next_group = counted ? ps_group_of(next, next_tgid) : 0;
-  /* This CPU's count moves from prev's group to next's. Between threads of one group (a pipe
-   * ping-pong, a thread pool) it stays: the count is the same after the switch, and two hash
-   * map operations are saved. Else prev's is returned here, after its stack walk: another CPU's
-   * sample meanwhile still counts prev, which has not left the CPU yet. */
+  /* This CPU's count moves from the held group (prev's, or on a chain break the unseen task's)
+   * to next's. Between threads of one group (a pipe ping-pong, a thread pool) it stays: the
+   * count is the same after the switch, and two hash map operations are saved (bench/
+   * switch_ab.py: -10% a switch in a ping-pong). Else the held count is returned here, after
+   * prev's stack walk: another CPU's sample meanwhile still counts prev, which has not left the
+   * CPU yet. next_group != 0 implies `counted`, as ps_cpu_record's keep requires. */
   const int keep = held != 0 && next_group == held;
   if (held != 0 && !keep) ps_running_add(held, -1, 0);
   ps_cpu_record(cs, next_tid, next_tgid, next_group, counted ? ps_btf_tgid_start_ns(next) : 0,
