@@ -8,7 +8,7 @@ run_cnt of its ps_sched_switch* program) swings 20-40% between runs of the same 
 than most changes to the program are worth. Here both builds are attached at once, so both
 programs run on every switch of the same workload (scenario 4's 500 threads, or scenario 2's
 pinned pipe ping-pong, bench/workloads). The program attached first runs first and takes the
-cache misses on what both read (the tasks' identity fields, measured: +25-40% for the first of
+cache misses on what both read (the tasks' identity fields, measured: +30-80% for the first of
 two identical builds), so each round runs both orders and a build's figure is the mean of its
 two positions. Prints figures and asserts nothing (bench/README.md).
 """
