@@ -415,8 +415,10 @@ class AgentMetrics {
     export_errors_ = &registry->GetCounter("parascope_export_errors_total",
                                            "Profiles an exporter failed to accept.");
     processes_ = &registry->GetGauge(mn::kProcessesTracked, "Processes in the process table.");
-    thread_states_ = &registry->GetGauge("parascope_thread_states",
-                                         "Threads with a switch-out state in the BPF map.");
+    thread_states_ = &registry->GetGauge(
+        "parascope_thread_states",
+        "Threads with an off-CPU tracking state in BPF (task storage, or the ps_threads "
+        "hash on kernels without it).");
     windows_ = &registry->GetCounter("parascope_windows_total", "Collection windows closed.");
     regs_.push_back(registry->AddCallback(
         MetricType::kGauge, "parascope_window_cpu_seconds",
@@ -1163,10 +1165,12 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
       EnabledProfiles(config.profiles), bpf->event_name(), config.sampling_frequency_hz,
       static_cast<int>(bpf->num_cpus()),
       bpf->sched_attach_kind().empty() ? ""
-                                       : absl::StrCat(", sched_switch via ",
-                                                      bpf->sched_attach_kind()),
-      command != nullptr ? absl::StrCat("the command ", command->path(), " (pid ",
-                                        command->pid(), ") and its descendants")
+      : bpf->thread_state_store().empty()
+          ? absl::StrCat(", sched_switch via ", bpf->sched_attach_kind())
+          : absl::StrCat(", sched_switch via ", bpf->sched_attach_kind(), " (thread states in ",
+                         bpf->thread_state_store(), ")"),
+      command != nullptr ? absl::StrCat("the command ", command->path(), " (pid ", command->pid(),
+                                        ") and its descendants")
       : config.pids.empty() ? std::string("all processes")
                             : absl::StrCat("pids ", absl::StrJoin(config.pids, ",")),
       absl::FormatDuration(config.collect_interval),

@@ -185,7 +185,9 @@ static inline int ps_offcpu_weight_final(__u32 stack_weight, __u32 budget_weight
  * (bpf_ktime_get_ns). */
 struct ps_control {
   __u32 active_buffer;       /* 0 or 1 */
-  __u32 pad;
+  __u32 seeded;              /* 1 once the daemon has run the thread-seeding iterator (sched.bpf.c
+                                ps_seed_threads): with task storage, a thread without a state
+                                before then is one it had not reached yet, not a loss */
   __u64 window_start_ns;     /* ktime of the current window's start */
   __s64 unknown_cpus;        /* online CPUs not yet seen by a switch or a sample since attach */
 };
@@ -233,12 +235,12 @@ struct ps_user_memo {
 };
 PS_STATIC_ASSERT(sizeof(struct ps_user_memo) == 88, "ps_user_memo layout");
 
-/* Per-thread switch-out state (ps_threads hash, key = tid). An off-CPU interval is accounted by
- * BPF at switch-in from max(out_ns, window start), or from out_ns when its weight was not final
- * at the window start (ps_offcpu_weight_final); the part before the window start is then left
- * to the daemon: for an interval still running at a boundary it reads out_ns, and for one that
- * ended after the boundary but before the daemon looked, BPF copied it to the carry_* fields
- * first. */
+/* Per-thread switch-out state (sched.bpf.c: task storage, or the ps_threads hash by tid). An
+ * off-CPU interval is accounted by BPF at switch-in from max(out_ns, window start), or from out_ns
+ * when its weight was not final at the window start (ps_offcpu_weight_final); the part before the
+ * window start is then left to the daemon: for an interval still running at a boundary it reads
+ * out_ns, and for one that ended after the boundary but before the daemon looked, BPF copied it to
+ * the carry_* fields first. */
 struct ps_thread_state {
   __u64 out_ns;             /* ktime at switch-out; 0 while the thread is on a CPU */
   __u64 tgid_start_ns;
@@ -275,6 +277,14 @@ struct ps_thread_state {
                                be captured outside the budget */
 };
 PS_STATIC_ASSERT(sizeof(struct ps_thread_state) == 232, "ps_thread_state layout");
+
+/* What the iterator sched.bpf.c ps_dump_threads writes per thread that has a state in task
+ * storage: this head, then the struct ps_thread_state, 240 bytes in all. */
+struct ps_thread_record_head {
+  __u32 tid;
+  __u32 pad;
+};
+PS_STATIC_ASSERT(sizeof(struct ps_thread_record_head) == 8, "ps_thread_record_head layout");
 
 /* Key of the off-CPU aggregate (ps_offcpu<N>): time a thread spent off-CPU with one stack and
  * state. Stack fields as in ps_oncpu_key, keying ps_sched_stacks<N>. */

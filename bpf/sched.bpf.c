@@ -4,9 +4,9 @@
  * On every sched_switch:
  *  - prev leaves its CPU: its tgid's running-thread count (parallelism, read by the on-CPU
  *    sampler) drops, its exact on-CPU time is added to ps_runtime<N>, and its switch-out time,
- *    state (the tracepoint's prev_state where it has one) and stacks are stored per tid in
- *    ps_threads (a global hash, not per-CPU: threads wake
- *    on other CPUs);
+ *    state (the tracepoint's prev_state where it has one) and stacks are stored in the thread's
+ *    state: its task storage (ps_thread_storage), or on kernels without task storage for
+ *    tracing programs the ps_threads hash by tid (ps_thread_state_of);
  *  - next enters: its count rises and, if it was switched out before, the interval it spent
  *    off-CPU is added to ps_offcpu<N> under the stack and state captured at switch-out.
  * Intervals are split at window boundaries once their weight is final there (abi.h
@@ -31,8 +31,37 @@ const volatile __u32 ps_cfg_offcpu = 1;        /* track off-CPU intervals (off_c
 const volatile __u64 ps_cfg_min_offcpu_ns = 0; /* --off-cpu-min-duration */
 const volatile __u32 ps_cfg_stack_rate = 0;    /* --off-cpu-stack-rate (0: every switch-out) */
 const volatile __u32 ps_cfg_stack_budget = 0;  /* --off-cpu-stack-budget (0: no budget) */
+/* 1: thread states live in ps_thread_storage (task storage), 0: in the ps_threads hash. Set by
+ * the daemon from the kernel's BTF (agent/bpf/programs.cc LoadSched); every task-storage helper
+ * call below sits in a branch on it, which the verifier removes as dead code where it is 0, so
+ * the object loads on kernels without task storage (Linux 5.10). */
+const volatile __u32 ps_cfg_task_storage = 0;
 
-/* Thread states by tid. Preallocated: sched_switch inserts here with the run-queue lock held,
+/* Thread states in task-local storage (BPF_MAP_TYPE_TASK_STORAGE; usable from tracing programs
+ * once task_struct has bpf_storage, commit a10787e6d58c "bpf: Enable task local storage for
+ * tracing programs", Linux 5.11): one element hangs off each task_struct, so sched_switch finds
+ * prev's and next's states from the task pointers it already holds, without hashing a tid into
+ * a global table. The kernel frees a task's storage with the task (bpf_task_storage_free), so
+ * nothing is deleted at exit. sched_switch only looks states up: it never creates one, since
+ * creating allocates (kernel/bpf/bpf_local_storage.c bpf_selem_alloc; in Linux 6.1 a
+ * kmalloc(GFP_ATOMIC)), which under the run-queue lock is the hazard described at ps_threads
+ * below. A state is created outside the scheduler instead: at fork for every new thread
+ * (ps_thread_new: sched_process_fork runs before the child's first wake-up) and at attach for
+ * every thread already alive (the seeding iterator, ps_seed_threads). A thread that has none
+ * (one cloned without sched_process_fork, such as an io_uring worker from create_io_thread, or
+ * an allocation that failed) loses its off-CPU intervals, counted as PS_CTR_THREAD_MAP_FULL.
+ * The daemon reads the states through the iterator ps_dump_threads. Where the daemon selects the
+ * ps_threads hash instead (ps_cfg_task_storage == 0), it turns this map into a 1-entry hash
+ * before load, since such a kernel cannot create a task storage map. */
+struct {
+  __uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+  __uint(map_flags, BPF_F_NO_PREALLOC);
+  __type(key, int);
+  __type(value, struct ps_thread_state);
+} ps_thread_storage SEC(".maps");
+
+/* Thread states by tid, where task storage is not used (ps_cfg_task_storage == 0; else 1 entry,
+ * unused). Preallocated: sched_switch inserts here with the run-queue lock held,
  * where a BPF_F_NO_PREALLOC hash would kmalloc(GFP_ATOMIC) its element (kernel/bpf/hashtab.c
  * alloc_htab_elem), which is unsafe in that context until Linux 6.1's BPF memory allocator
  * ("bpf: Convert hash map to bpf_mem_alloc"): the allocator may wake kswapd, and a wake-up takes
@@ -46,6 +75,14 @@ struct {
   __type(key, __u32);                         /* tid */
   __type(value, struct ps_thread_state);
 } ps_threads SEC(".maps");
+
+/* The state of thread `task` (tid `tid`), or NULL when it has none. Task storage: never created
+ * here (see ps_thread_storage). */
+static __always_inline struct ps_thread_state *ps_thread_state_of(struct task_struct *task,
+                                                                  __u32 tid) {
+  if (ps_cfg_task_storage) return bpf_task_storage_get(&ps_thread_storage, task, 0, 0);
+  return bpf_map_lookup_elem(&ps_threads, &tid);
+}
 
 /* Off-CPU intervals and exact on-CPU time, a buffer each per window: sized, and on Linux 6.1+
  * made BPF_F_NO_PREALLOC, by the daemon before load (agent/bpf/programs.cc LoadSched). */
@@ -149,13 +186,12 @@ static __always_inline void ps_add_offcpu(void *map, struct ps_offcpu_key *key, 
   __sync_fetch_and_add(&v->count, count);
 }
 
-/* `tid` is switched in at `now`: account the off-CPU interval it is ending. `task` is the thread
- * when it is not running yet (next, in sched_switch), so that an interval whose stacks were not
- * captured and that counts once (long enough: abi.h ps_offcpu_weight) gets its sleeping kernel
- * stack; NULL otherwise. */
-static __always_inline void ps_switch_in(struct task_struct *task, __u32 tid, __u64 now, __u64 ws,
-                                         __u32 buf) {
-  struct ps_thread_state *ts = bpf_map_lookup_elem(&ps_threads, &tid);
+/* Thread `tid`, state `ts` (NULL: none), is switched in at `now`: account the off-CPU interval
+ * it is ending. `task` is the thread when it is not running yet (next, in sched_switch), so that
+ * an interval whose stacks were not captured and that counts once (long enough: abi.h
+ * ps_offcpu_weight) gets its sleeping kernel stack; NULL otherwise. */
+static __always_inline void ps_switch_in(struct ps_thread_state *ts, struct task_struct *task,
+                                         __u32 tid, __u64 now, __u64 ws, __u32 buf) {
   if (!ts || ts->out_ns == 0)
     return;
   __u64 out = ts->out_ns;
@@ -288,13 +324,18 @@ static __always_inline __u32 ps_budget_sample(struct ps_cpu_state *cs, __u64 now
 static __always_inline int ps_switch_out(void *ctx, struct ps_cpu_state *cs,
                                          struct task_struct *prev, __u32 tid, __u32 tgid,
                                          int preempt, __u32 st, __u64 now, __u64 in_ns, __u64 ws,
-                                         __u32 buf) {
+                                         __u32 buf, __u32 seeded) {
   if (st & PS_TASK_DEAD) {
-    bpf_map_delete_elem(&ps_threads, &tid);
-    return 0;
+    if (!ps_cfg_task_storage) bpf_map_delete_elem(&ps_threads, &tid);
+    return 0; /* task storage goes with the task */
   }
-  struct ps_thread_state *ts = bpf_map_lookup_elem(&ps_threads, &tid);
-  if (!ts) {
+  struct ps_thread_state *ts = ps_thread_state_of(prev, tid);
+  if (!ts && ps_cfg_task_storage) {
+    /* No state made at fork or attach (ps_thread_storage); before the seeding iterator has run,
+     * one it has not reached yet (it seeds an off-CPU thread from the window start). */
+    if (seeded) ps_count(PS_CTR_THREAD_MAP_FULL);
+    return 0;
+  } else if (!ts) {
     struct ps_thread_state init = {};
     long err = bpf_map_update_elem(&ps_threads, &tid, &init, BPF_NOEXIST);
     if (err && err != -EEXIST) {
@@ -306,7 +347,7 @@ static __always_inline int ps_switch_out(void *ctx, struct ps_cpu_state *cs,
   } else if (ts->out_ns != 0) {
     /* Still marked off-CPU: its switch-in was not reported. Close that interval where prev came
      * in (estimated), instead of losing it. */
-    ps_switch_in(NULL, tid, in_ns > ts->out_ns ? in_ns : ts->out_ns, ws, buf);
+    ps_switch_in(ts, NULL, tid, in_ns > ts->out_ns ? in_ns : ts->out_ns, ws, buf);
   }
   __u32 state;
   if (preempt || st == PS_TASK_RUNNING)
@@ -432,7 +473,8 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
   }
   if (ps_cfg_offcpu && prev_tracked) {
     __u32 st = state_arg ? prev_state : ps_btf_task_state(prev);
-    if (ps_switch_out(ctx, cs, prev, prev_tid, prev_tgid, preempt, st, now, prev_in_ns, ws, buf))
+    if (ps_switch_out(ctx, cs, prev, prev_tid, prev_tgid, preempt, st, now, prev_in_ns, ws, buf,
+                      ctl->seeded))
       now = bpf_ktime_get_ns(); /* next comes in after prev's stack walks */
   }
 
@@ -453,7 +495,7 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
   ps_cpu_record(cs, next_tid, next_tgid, next_group, counted ? ps_btf_tgid_start_ns(next) : 0,
                 counted ? ps_btf_exec_id(next) : 0, now, counted, may_insert, keep);
   if (counted && ps_cfg_offcpu)
-    ps_switch_in(next, next_tid, now, ws, buf);
+    ps_switch_in(ps_thread_state_of(next, next_tid), next, next_tid, now, ws, buf);
   ps_barrier();
   cs->in_switch = 0;
   return 0;
@@ -516,10 +558,16 @@ int ps_seed_threads(struct bpf_iter__task *ctx) {
   if (tid == 0 || !ps_tgid_tracked(tgid))
     return 0;
   ps_running_seed(ps_group_of(task, tgid));
-  if (!ps_cfg_offcpu || task->on_cpu)
+  if (!ps_cfg_offcpu) return 0;
+  if (task->on_cpu) {
+    /* Task storage: a running thread gets its (empty) state here, as a new one does at fork;
+     * sched_switch never creates one (ps_thread_storage). */
+    if (ps_cfg_task_storage &&
+        !bpf_task_storage_get(&ps_thread_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE))
+      ps_count(PS_CTR_THREAD_MAP_FULL);
     return 0;
-  if (bpf_map_lookup_elem(&ps_threads, &tid))
-    return 0;
+  }
+  if (!ps_cfg_task_storage && bpf_map_lookup_elem(&ps_threads, &tid)) return 0;
   struct ps_control *ctl = ps_get_control();
   __u32 zero = 0;
   struct ps_stack *st = bpf_map_lookup_elem(&ps_sched_scratch, &zero);
@@ -545,9 +593,45 @@ int ps_seed_threads(struct bpf_iter__task *ctx) {
   ts.kernel_stack = ps_store_stack(stacks, st, bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0),
                                    0, &ts.kernel_stack_err);
   ts.out_ns = ctl->window_start_ns;
+  if (ps_cfg_task_storage) {
+    /* Created from `ts` unless the thread has a state already (made at fork, and filled by a
+     * real switch-out since): the same rule as BPF_NOEXIST below. */
+    if (!bpf_task_storage_get(&ps_thread_storage, task, &ts, BPF_LOCAL_STORAGE_GET_F_CREATE))
+      ps_count(PS_CTR_THREAD_MAP_FULL);
+    return 0;
+  }
   long err = bpf_map_update_elem(&ps_threads, &tid, &ts, BPF_NOEXIST);
   if (err && err != -EEXIST)
     ps_count_insert_error(err, PS_CTR_THREAD_MAP_FULL);
+  return 0;
+}
+
+/* Task storage only (loaded where ps_cfg_task_storage is 1): a new thread's empty state
+ * (ps_thread_storage), made before its first wake-up (kernel/fork.c kernel_clone calls this
+ * tracepoint before wake_up_new_task), for a thread whose process is tracked or, following
+ * forks, whose parent's is (ps_process_fork in oncpu.bpf.c may add the child after this runs). */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(ps_thread_new, struct task_struct *parent, struct task_struct *child) {
+  if (!ps_cfg_task_storage || !ps_cfg_offcpu) return 0;
+  if (!ps_tgid_tracked(child->tgid) && !(ps_cfg_follow_forks && ps_tgid_tracked(parent->tgid)))
+    return 0;
+  if (!bpf_task_storage_get(&ps_thread_storage, child, 0, BPF_LOCAL_STORAGE_GET_F_CREATE))
+    ps_count(PS_CTR_THREAD_MAP_FULL);
+  return 0;
+}
+
+/* Task storage only: the daemon's read of every thread state (agent/bpf/map_reader.cc
+ * VisitThreads), one record per thread that has one: struct ps_thread_record_head (abi.h),
+ * then the state. */
+SEC("iter/task")
+int ps_dump_threads(struct bpf_iter__task *ctx) {
+  struct task_struct *task = ctx->task;
+  if (!task || !ps_cfg_task_storage) return 0;
+  struct ps_thread_state *ts = bpf_task_storage_get(&ps_thread_storage, task, 0, 0);
+  if (!ts) return 0;
+  struct ps_thread_record_head head = {.tid = task->pid};
+  bpf_seq_write(ctx->meta->seq, &head, sizeof(head));
+  bpf_seq_write(ctx->meta->seq, ts, sizeof(*ts));
   return 0;
 }
 
@@ -556,7 +640,7 @@ int ps_seed_threads(struct bpf_iter__task *ctx) {
  * kernel/exit.c). */
 static __always_inline int ps_on_exit(struct task_struct *task) {
   __u32 tid = BPF_CORE_READ(task, pid), tgid = BPF_CORE_READ(task, tgid);
-  bpf_map_delete_elem(&ps_threads, &tid);
+  if (!ps_cfg_task_storage) bpf_map_delete_elem(&ps_threads, &tid); /* storage: with the task */
   if (ps_cfg_group == PS_GROUP_PROCESS && BPF_CORE_READ(task, signal, live.counter) == 0) {
     __u64 group = tgid;
     if (bpf_map_delete_elem(&ps_running, &group) == 0)

@@ -2,6 +2,7 @@
 
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -101,6 +102,10 @@ void BpfMapReader::DrainRuntime(uint32_t buffer,
 }
 
 void BpfMapReader::VisitThreads(absl::FunctionRef<void(uint32_t, const ps_thread_state&)> fn) {
+  if (fds_.thread_dump_link >= 0) {
+    VisitThreadRecords(fn);
+    return;
+  }
   // Batch lookups walk the hash by bucket, so concurrent inserts and deletes (threads starting
   // and exiting) neither restart the walk nor visit an entry twice, unlike get_next_key.
   constexpr uint32_t kBatch = 256;
@@ -122,6 +127,42 @@ void BpfMapReader::VisitThreads(absl::FunctionRef<void(uint32_t, const ps_thread
     in_batch = out_batch;
     first = false;
   }
+}
+
+void BpfMapReader::VisitThreadRecords(
+    absl::FunctionRef<void(uint32_t, const ps_thread_state&)> fn) {
+  static RateLimitedLog log;
+  const int fd = bpf_iter_create(fds_.thread_dump_link);
+  if (fd < 0) {
+    log.Log(LogLevel::kWarning, "running the thread state iterator: %s", std::strerror(errno));
+    return;
+  }
+  // A read returns whole records except at the end of the caller's buffer: the rest of a record
+  // comes with the next read.
+  constexpr size_t kRecord = sizeof(ps_thread_record_head) + sizeof(ps_thread_state);
+  std::vector<char> buf(256 * kRecord);
+  size_t have = 0;
+  for (;;) {
+    const ssize_t n = read(fd, buf.data() + have, buf.size() - have);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      log.Log(LogLevel::kWarning, "reading the thread state iterator: %s", std::strerror(errno));
+      break;
+    }
+    if (n == 0) break;
+    have += static_cast<size_t>(n);
+    size_t at = 0;
+    for (; have - at >= kRecord; at += kRecord) {
+      ps_thread_record_head head;
+      ps_thread_state ts;
+      std::memcpy(&head, buf.data() + at, sizeof(head));
+      std::memcpy(&ts, buf.data() + at + sizeof(head), sizeof(ts));
+      fn(head.tid, ts);
+    }
+    std::memmove(buf.data(), buf.data() + at, have - at);
+    have -= at;
+  }
+  close(fd);
 }
 
 std::vector<ps_cpu_state> BpfMapReader::ReadCpuStates() {

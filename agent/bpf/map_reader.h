@@ -23,7 +23,10 @@ class BpfMapReader : public collect::MapReader {
     std::array<int, PS_NUM_BUFFERS> oncpu = {-1, -1};    // ps_oncpu0, ps_oncpu1
     std::array<int, PS_NUM_BUFFERS> offcpu = {-1, -1};   // ps_offcpu0, ps_offcpu1
     std::array<int, PS_NUM_BUFFERS> runtime = {-1, -1};  // ps_runtime0, ps_runtime1
-    int threads = -1;                                    // ps_threads
+    int threads = -1;                                    // ps_threads (hash), or -1
+    // The link of the iterator ps_dump_threads where thread states are in task storage (then
+    // `threads` is -1), else -1.
+    int thread_dump_link = -1;
     int cpu_state = -1;                                  // ps_cpu_state (per-CPU array of 1)
   };
 
@@ -38,13 +41,16 @@ class BpfMapReader : public collect::MapReader {
       absl::FunctionRef<void(const ps_offcpu_key&, const ps_offcpu_value&)> fn) override;
   void DrainRuntime(uint32_t buffer,
                     absl::FunctionRef<void(const ps_runtime_key&, uint64_t)> fn) override;
-  // BPF_MAP_LOOKUP_BATCH over ps_threads; read errors other than the end are logged (rate
-  // limited) and end the walk.
+  // BPF_MAP_LOOKUP_BATCH over ps_threads, or one run of the iterator ps_dump_threads (bpf/abi.h
+  // struct ps_thread_record_head) for task storage; read errors other than the end are logged
+  // (rate limited) and end the walk.
   void VisitThreads(absl::FunctionRef<void(uint32_t, const ps_thread_state&)> fn) override;
   // One lookup of key 0 in the per-CPU array: libbpf_num_possible_cpus() entries.
   std::vector<ps_cpu_state> ReadCpuStates() override;
 
  private:
+  void VisitThreadRecords(absl::FunctionRef<void(uint32_t, const ps_thread_state&)> fn);
+
   Fds fds_;
 };
 

@@ -200,6 +200,17 @@ class KernelFeatureProber : public BpfFeatureProber {
 
 }  // namespace
 
+bool StructHasMember(const struct btf* btf, const char* struct_name, const char* member) {
+  const int id = btf__find_by_name_kind(btf, struct_name, BTF_KIND_STRUCT);
+  if (id <= 0) return false;
+  const btf_type* t = btf__type_by_id(btf, id);
+  const btf_member* m = btf_members(t);
+  for (int i = 0; i < btf_vlen(t); ++i, ++m) {
+    if (std::strcmp(btf__name_by_offset(btf, m->name_off), member) == 0) return true;
+  }
+  return false;
+}
+
 int TracepointArgCount(const struct btf* btf, const char* name) {
   int id = btf__find_by_name_kind(btf, absl::StrCat("btf_trace_", name).c_str(), BTF_KIND_TYPEDEF);
   if (id <= 0) return -ENOENT;

@@ -72,4 +72,8 @@ std::unique_ptr<BpfFeatureProber> NewKernelFeatureProber();
 // is not a pointer to a function prototype.
 int TracepointArgCount(const struct btf* btf, const char* name);
 
+// True when `btf` has a struct `struct_name` with a member `member` (of any type): a kernel
+// feature read from the kernel's BTF rather than its version, so that a backport counts.
+bool StructHasMember(const struct btf* btf, const char* struct_name, const char* member);
+
 }  // namespace parascope

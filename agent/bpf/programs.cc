@@ -160,7 +160,7 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
     }
   }
   if (options.sched) PS_RETURN_IF_ERROR(self->LoadSched(options));
-  self->CreateCollector(options);
+  PS_RETURN_IF_ERROR(self->CreateCollector(options));
   PS_RETURN_IF_ERROR(self->StartUnwinder(options));
 
   // The first window starts now; CPUs are unknown until a switch or a sample shows their task.
@@ -171,11 +171,10 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   std::atomic_thread_fence(std::memory_order_seq_cst);
 
   if (self->sched_ != nullptr) {
-    for (bpf_program* p : {self->sched_->progs.ps_sched_switch,
-                           self->sched_->progs.ps_sched_switch3,
-                           self->sched_->progs.ps_process_exit,
-                           self->sched_->progs.ps_cgroup_release,
-                           self->sched_->progs.ps_cgroup_rmdir}) {
+    for (bpf_program* p :
+         {self->sched_->progs.ps_sched_switch, self->sched_->progs.ps_sched_switch3,
+          self->sched_->progs.ps_process_exit, self->sched_->progs.ps_thread_new,
+          self->sched_->progs.ps_cgroup_release, self->sched_->progs.ps_cgroup_rmdir}) {
       if (!bpf_program__autoload(p)) continue;  // the sched_switch variant not chosen
       bpf_link* link = bpf_program__attach(p);
       if (link == nullptr) {
@@ -196,6 +195,8 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
     self->links_.push_back(link);
   }
   if (self->sched_ != nullptr) self->SeedSleepingThreads();
+  // From now on a thread without a state in task storage is a loss (bpf/abi.h ps_control.seeded).
+  self->control_->seeded = 1;
   for (size_t i = 0; i < self->events_.fds.size(); ++i) {
     bpf_link* link =
         bpf_program__attach_perf_event(self->sampler_, self->events_.fds[i].get());
@@ -226,6 +227,7 @@ bool HashMapsAllocateFromBpfMemAlloc(const btf* vmlinux) {
   }
   return false;
 }
+
 }  // namespace
 
 absl::Status BpfPrograms::LoadSched(const Options& options) {
@@ -254,21 +256,55 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
       return LibbpfError(rc, absl::StrCat("sharing map ", bpf_map__name(s.mine)));
     }
   }
-  // ps_threads is preallocated (kThreadEntryBytes below, 19 MiB at
+  btf* vmlinux = btf__load_vmlinux_btf();
+  if (vmlinux == nullptr) return LibbpfError(-errno, "loading the kernel's BTF");
+  absl::Cleanup free_vmlinux = [vmlinux] { btf__free(vmlinux); };
+  // Thread states (bpf/sched.bpf.c): in task storage where tracing programs can use it. It costs
+  // nothing at load, follows the threads that exist (one element per tracked thread, allocated
+  // at fork and freed with the task), and saves sched_switch two hash lookups by tid (bench/
+  // switch_ab.py). Else in the ps_threads hash, preallocated (kThreadEntryBytes below, 19 MiB at
   // PS_THREAD_MAP_ENTRIES): twice the threads alive now, so the host can grow before the map is
   // full (then switch-outs are counted, PS_CTR_THREAD_MAP_FULL, and lost), at least 8192 (2.4
-  // MiB). Without off-CPU tracking nothing is stored in it: one entry.
+  // MiB). Without off-CPU tracking nothing is stored: one hash entry. Tracing programs can use
+  // task storage where task_struct has the bpf_storage member that commit a10787e6d58c ("bpf:
+  // Enable task local storage for tracing programs", Linux 5.11) added for them.
+  const bool task_storage = options.offcpu && !options.thread_state_hash &&
+                            StructHasMember(vmlinux, "task_struct", "bpf_storage");
+  thread_store_ = !options.offcpu ? "" : task_storage ? "task_storage" : "hash";
+  sched_->rodata->ps_cfg_task_storage = task_storage ? 1 : 0;
+  bpf_program__set_autoload(sched_->progs.ps_thread_new, task_storage);
+  bpf_program__set_autoload(sched_->progs.ps_dump_threads, task_storage);
   const uint64_t threads = HostThreads();
   const uint32_t thread_entries =
-      options.offcpu ? std::clamp<uint32_t>(NextPow2(2 * threads), 8192, PS_THREAD_MAP_ENTRIES) : 1;
+      options.offcpu && !task_storage
+          ? std::clamp<uint32_t>(NextPow2(2 * threads), 8192, PS_THREAD_MAP_ENTRIES)
+          : 1;
   if (int rc = bpf_map__set_max_entries(sched_->maps.ps_threads, thread_entries); rc) {
     return LibbpfError(rc, "sizing the thread state map");
   }
-  // Kernel memory per entry (kernel/bpf/hashtab.c htab_map_alloc): a struct htab_elem (48 bytes
-  // on x86-64), the key and the value rounded up to 8 bytes, and a 16-byte bucket.
-  constexpr uint64_t kThreadEntryBytes = 48 + 8 + (sizeof(ps_thread_state) + 7) / 8 * 8 + 16;
-  Log(LogLevel::kDebug, "ps_threads: %d entries (%d threads on the host), about %d KiB",
-      thread_entries, threads, uint64_t{thread_entries} * kThreadEntryBytes / 1024);
+  if (task_storage) {
+    Log(LogLevel::kDebug, "thread states: task storage (%d threads on the host)", threads);
+  } else {
+    // A kernel without task storage cannot create the map: a 1-entry hash stands in, which the
+    // programs never touch (their task-storage branches are dead code there).
+    bpf_map* storage = sched_->maps.ps_thread_storage;
+    if (int rc = bpf_map__set_type(storage, BPF_MAP_TYPE_HASH); rc) {
+      return LibbpfError(rc, "replacing the thread storage map");
+    }
+    if (int rc = bpf_map__set_map_flags(storage, 0); rc) {
+      return LibbpfError(rc, "replacing the thread storage map");
+    }
+    if (int rc = bpf_map__set_max_entries(storage, 1); rc) {
+      return LibbpfError(rc, "replacing the thread storage map");
+    }
+    // Kernel memory per entry (kernel/bpf/hashtab.c htab_map_alloc): a struct htab_elem (48
+    // bytes on x86-64), the key and the value rounded up to 8 bytes, and a 16-byte bucket.
+    constexpr uint64_t kThreadEntryBytes = 48 + 8 + (sizeof(ps_thread_state) + 7) / 8 * 8 + 16;
+    Log(LogLevel::kDebug,
+        "thread states: ps_threads, %d entries (%d threads on the host), about "
+        "%d KiB",
+        thread_entries, threads, uint64_t{thread_entries} * kThreadEntryBytes / 1024);
+  }
   // Off-CPU stacks (switch-out, and switch-in for long uncaptured intervals): their own maps, so
   // that the NMI sampler never waits on a lock sched_switch holds (bpf/common.bpf.h). About 1 KiB
   // per entry, 8 MiB per buffer; unused without off-CPU tracking.
@@ -278,9 +314,6 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
       return LibbpfError(rc, "sizing the off-CPU stack maps");
     }
   }
-  btf* vmlinux = btf__load_vmlinux_btf();
-  if (vmlinux == nullptr) return LibbpfError(-errno, "loading the kernel's BTF");
-  absl::Cleanup free_vmlinux = [vmlinux] { btf__free(vmlinux); };
   // The per-window maps keyed by process image (ps_runtime<N>: exact on-CPU time) and by thread
   // and stack (ps_offcpu<N>: off-CPU intervals) take a key for each process that ran or waited
   // in the window, so under process churn (each fork and each exec is a new image: `sh -c
@@ -367,7 +400,7 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   return absl::OkStatus();
 }
 
-void BpfPrograms::CreateCollector(const Options& options) {
+absl::Status BpfPrograms::CreateCollector(const Options& options) {
   BpfMapReader::Fds fds;
   fds.stacks = {bpf_map__fd(oncpu_->maps.ps_stacks0), bpf_map__fd(oncpu_->maps.ps_stacks1)};
   fds.oncpu = {bpf_map__fd(oncpu_->maps.ps_oncpu0), bpf_map__fd(oncpu_->maps.ps_oncpu1)};
@@ -375,7 +408,15 @@ void BpfPrograms::CreateCollector(const Options& options) {
   if (sched_ != nullptr) {
     fds.offcpu = {bpf_map__fd(sched_->maps.ps_offcpu0), bpf_map__fd(sched_->maps.ps_offcpu1)};
     fds.runtime = {bpf_map__fd(sched_->maps.ps_runtime0), bpf_map__fd(sched_->maps.ps_runtime1)};
-    fds.threads = bpf_map__fd(sched_->maps.ps_threads);
+    if (bpf_program__autoload(sched_->progs.ps_dump_threads)) {
+      thread_dump_link_ = bpf_program__attach_iter(sched_->progs.ps_dump_threads, nullptr);
+      if (thread_dump_link_ == nullptr) {
+        return LibbpfError(-errno, "attaching the thread state iterator (iter/task)");
+      }
+      fds.thread_dump_link = bpf_link__fd(thread_dump_link_);
+    } else {
+      fds.threads = bpf_map__fd(sched_->maps.ps_threads);
+    }
     fds.sched_stacks = {bpf_map__fd(sched_->maps.ps_sched_stacks0),
                         bpf_map__fd(sched_->maps.ps_sched_stacks1)};
   }
@@ -384,6 +425,7 @@ void BpfPrograms::CreateCollector(const Options& options) {
   copts.sched = sched_ != nullptr;
   copts.min_offcpu_ns = options.min_offcpu_ns;
   collector_ = std::make_unique<collect::Collector>(map_reader_.get(), copts);
+  return absl::OkStatus();
 }
 
 namespace {
@@ -594,6 +636,7 @@ BpfPrograms::~BpfPrograms() {
   if (unwind_epoll_fd_ >= 0) close(unwind_epoll_fd_);
   if (unwind_wake_fd_ >= 0) close(unwind_wake_fd_);
   if (control_ != nullptr) munmap(control_, sysconf(_SC_PAGESIZE));
+  if (thread_dump_link_ != nullptr) bpf_link__destroy(thread_dump_link_);
   if (sched_ != nullptr) sched_bpf::destroy(sched_);
   if (oncpu_ != nullptr) oncpu_bpf::destroy(oncpu_);
 }
@@ -674,7 +717,8 @@ std::vector<BpfPrograms::ProgramStats> BpfPrograms::ProgramRunTimes() const {
                                            oncpu_->progs.ps_process_fork};
   if (sched_ != nullptr) {
     progs.insert(progs.end(), {sched_->progs.ps_sched_switch, sched_->progs.ps_sched_switch3,
-                               sched_->progs.ps_process_exit});
+                               sched_->progs.ps_process_exit, sched_->progs.ps_thread_new,
+                               sched_->progs.ps_dump_threads});
   }
   for (const bpf_program* p : progs) {
     int fd = bpf_program__fd(p);

@@ -66,6 +66,10 @@ class BpfPrograms : public WindowSource {
     // 3 forces the fallback that reads prev's state from its task_struct (tests use it where
     // the 4-argument form exists); 4 where the tracepoint has 3 fails to load.
     int sched_switch_args = 0;
+    // Where sched_switch keeps per-thread off-CPU state (bpf/sched.bpf.c): false uses task
+    // storage where the kernel's BTF shows tracing programs can (task_struct::bpf_storage,
+    // Linux 5.11+), else the ps_threads hash; true forces the hash (tests cover both paths).
+    bool thread_state_hash = false;
     // Bytes of BPF array memory for unwind table rows (bpf/abi.h struct ps_unwind_row, 16
     // bytes each); allocated at load, charged to the agent's memory cgroup.
     uint64_t unwind_table_bytes = uint64_t{PS_UNWIND_ROW_ENTRIES} * sizeof(ps_unwind_row);
@@ -122,6 +126,9 @@ class BpfPrograms : public WindowSource {
   // LoadSched); 0 without sched.bpf.o, and 1 off-CPU key without off-CPU tracking.
   uint32_t runtime_map_entries() const { return runtime_map_entries_; }
   uint32_t offcpu_map_entries() const { return offcpu_map_entries_; }
+  // Where sched_switch keeps thread states: "task_storage", "hash" ("" without off-CPU
+  // tracking or sched.bpf.o).
+  const std::string& thread_state_store() const { return thread_store_; }
 
  private:
   BpfPrograms() = default;
@@ -139,7 +146,8 @@ class BpfPrograms : public WindowSource {
   // off-CPU tracking, threads off-CPU at attach get a thread state.
   void SeedSleepingThreads();
   // The map reader and collector over the loaded maps (after LoadSched, when sched).
-  void CreateCollector(const Options& options);
+  // Errors: attaching the thread state iterator failed (libbpf errno).
+  absl::Status CreateCollector(const Options& options);
 
   // Loads the unwind tables of the processes to profile and starts the
   // table service (before the sampler is attached, so their first samples unwind).
@@ -154,6 +162,8 @@ class BpfPrograms : public WindowSource {
   bpf_program* sampler_ = nullptr;  // the perf_event program loaded: ps_on_cpu_sample[_vma]
   sched_bpf* sched_ = nullptr;
   std::string sched_kind_;
+  std::string thread_store_;
+  bpf_link* thread_dump_link_ = nullptr;  // ps_dump_threads (task storage), read per drain
   uint32_t runtime_map_entries_ = 0;
   uint32_t offcpu_map_entries_ = 0;
   uint32_t tree_root_ = 0;

@@ -16,7 +16,7 @@ namespace parascope::collect {
 
 // Gauges of the BPF maps (entries), read at each drain.
 struct MapStats {
-  uint64_t thread_states = 0;      // ps_threads entries after the last drain
+  uint64_t thread_states = 0;      // thread states (bpf/sched.bpf.c) after the last drain
   uint64_t thread_states_max = 0;  // maximum over drains
   uint64_t stack_cache = 0;        // stacks kept by the daemon across windows
   uint64_t stack_cache_evicted = 0;

@@ -40,9 +40,10 @@ class MapReader {
   virtual void DrainRuntime(uint32_t buffer,
                             absl::FunctionRef<void(const ps_runtime_key& key, uint64_t ns)> fn) = 0;
 
-  // Calls fn(tid, state) for every ps_threads entry, without deleting any: the entries are the
-  // programs' own (created at switch-out, deleted at exit), and they keep changing while the
-  // daemon reads them. Each entry present for the whole read is visited once.
+  // Calls fn(tid, state) for every thread state (bpf/sched.bpf.c: the thread's task storage, or
+  // its ps_threads entry), without deleting any: the states are the programs' own (made at fork,
+  // attach or switch-out, gone at exit), and they keep changing while the daemon reads them.
+  // Each state present for the whole read is visited once.
   virtual void VisitThreads(
       absl::FunctionRef<void(uint32_t tid, const ps_thread_state& state)> fn) = 0;
 

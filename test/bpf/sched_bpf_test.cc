@@ -43,19 +43,29 @@ TEST_CASE("bpf: the start-up probes pass on this kernel", "[root][bpf]") {
   CHECK(st.ok());
 }
 
-TEST_CASE("bpf: sched_switch loads as the kernel's BTF says and as the 3-argument fallback, "
-          "both recording a sleeping thread's time",
-          "[root][bpf]") {
+TEST_CASE(
+    "bpf: sched_switch loads as the kernel's BTF says, as the 3-argument fallback and with "
+    "thread states in the ps_threads hash, each recording a sleeping thread's time",
+    "[root][bpf]") {
   if (!RequireRoot()) return;
   btf* vmlinux = btf__load_vmlinux_btf();
   REQUIRE(vmlinux != nullptr);
   const int kernel_args = TracepointArgCount(vmlinux, "sched_switch");
+  // Task storage for tracing programs (Linux 5.11+), as the agent decides it.
+  const bool kernel_task_storage = StructHasMember(vmlinux, "task_struct", "bpf_storage");
   btf__free(vmlinux);
   REQUIRE(kernel_args >= 3);
 
-  for (int args : {0, 3}) {
+  struct Variant {
+    int args;
+    bool hash;
+  };
+  for (Variant v : {Variant{0, false}, Variant{3, false}, Variant{0, true}}) {
+    const int args = v.args;
     const bool with_state = (args == 0 ? kernel_args : args) >= 4;
-    INFO("sched_switch_args=" << args << " (kernel: " << kernel_args << ")");
+    const bool storage = kernel_task_storage && !v.hash;
+    INFO("sched_switch_args=" << args << " (kernel: " << kernel_args
+                              << ") thread_state_hash=" << v.hash);
     // A child that sleeps 5 ms at a time: off-CPU in TASK_INTERRUPTIBLE nearly all the time.
     pid_t child = fork();
     REQUIRE(child >= 0);
@@ -73,12 +83,16 @@ TEST_CASE("bpf: sched_switch loads as the kernel's BTF says and as the 3-argumen
     opts.offcpu = true;
     opts.offcpu_stack_rate = 0;
     opts.sched_switch_args = args;
+    opts.thread_state_hash = v.hash;
     auto prog = BpfPrograms::Create(opts);
     if (!prog.ok()) kill(child, SIGKILL);
     INFO(prog.status().message());
     REQUIRE(prog.ok());
     CHECK(HasProgram(**prog, with_state ? "ps_sched_switch" : "ps_sched_switch3"));
     CHECK(!HasProgram(**prog, with_state ? "ps_sched_switch3" : "ps_sched_switch"));
+    CHECK((*prog)->thread_state_store() == (storage ? "task_storage" : "hash"));
+    CHECK(HasProgram(**prog, "ps_dump_threads") == storage);
+    CHECK(HasProgram(**prog, "ps_thread_new") == storage);
 
     const int64_t t0 = MonotonicNowNs();
     usleep(1200000);
