@@ -141,7 +141,8 @@ class AgentMetrics {
     regs_.push_back(registry->AddCallback(
         MetricType::kCounter, "parascope_bpf_events_dropped_total",
         "Scheduler events whose accounting was dropped because a BPF map was full (or, for a "
-        "map allocated on use, no element could be allocated), by map.",
+        "map allocated on use, no element could be allocated), by map; for threads in task "
+        "storage, switch-outs of a thread that had no state (not made at fork or attach).",
         {"map"}, [this] {
           BpfCounters c = bpf_->Counters();
           return std::vector<CallbackSample>{
