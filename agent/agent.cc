@@ -142,7 +142,8 @@ class AgentMetrics {
         MetricType::kCounter, "parascope_bpf_events_dropped_total",
         "Scheduler events whose accounting was dropped because a BPF map was full (or, for a "
         "map allocated on use, no element could be allocated), by map; for threads in task "
-        "storage, switch-outs of a thread that had no state (not made at fork or attach).",
+        "storage, switch-outs of a thread that had no state yet (made when a task is created, at "
+        "attach, and for any thread still without one at the next window).",
         {"map"}, [this] {
           BpfCounters c = bpf_->Counters();
           return std::vector<CallbackSample>{

@@ -366,7 +366,9 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
                                            error */
 #define PS_CTR_AGG_MAP_FULL 6           /* ps_oncpu<N> insert failed: sample lost */
 #define PS_CTR_SWITCHES 7               /* sched_switch events */
-#define PS_CTR_THREAD_MAP_FULL 8        /* ps_threads insert failed: an off-CPU interval lost */
+#define PS_CTR_THREAD_MAP_FULL                                    \
+  8 /* no thread state (ps_threads full; task storage not made or \
+      not allocated): an off-CPU interval lost */
 #define PS_CTR_OFFCPU_MAP_FULL 9        /* ps_offcpu<N> insert failed */
 #define PS_CTR_RUNNING_MAP_FULL 10      /* ps_running insert failed: parallelism undercounted */
 #define PS_CTR_RUNTIME_MAP_FULL 11      /* ps_runtime<N> insert failed */
@@ -417,8 +419,8 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_ONCPU_MAP_ENTRIES 4096
 #define PS_PID_FILTER_ENTRIES 1024   /* --pid targets; command mode sizes it PS_TREE_ENTRIES */
 #define PS_TREE_ENTRIES 32768        /* live processes of a command mode tree */
-/* at most, threads tracked off-CPU at once (preallocated, ~304 bytes each with the bucket; sized
- * by the daemon) */
+/* at most, threads tracked off-CPU at once in the ps_threads hash (kernels without task storage
+ * for tracing programs; preallocated, ~304 bytes each with the bucket; sized by the daemon) */
 #define PS_THREAD_MAP_ENTRIES 65536
 #define PS_RUNNING_ENTRIES 32768     /* processes with a parallelism count */
 #define PS_OFFCPU_MAP_ENTRIES 16384

@@ -39,20 +39,26 @@ const volatile __u32 ps_cfg_task_storage = 0;
 
 /* Thread states in task-local storage (BPF_MAP_TYPE_TASK_STORAGE; usable from tracing programs
  * once task_struct has bpf_storage, commit a10787e6d58c "bpf: Enable task local storage for
- * tracing programs", Linux 5.11): one element hangs off each task_struct, so sched_switch finds
- * prev's and next's states from the task pointers it already holds, without hashing a tid into
- * a global table. The kernel frees a task's storage with the task (bpf_task_storage_free), so
- * nothing is deleted at exit. sched_switch only looks states up: it never creates one, since
- * creating allocates (kernel/bpf/bpf_local_storage.c bpf_selem_alloc; in Linux 6.1 a
- * kmalloc(GFP_ATOMIC)), which under the run-queue lock is the hazard described at ps_threads
- * below. A state is created outside the scheduler instead: at fork for every new thread
- * (ps_thread_new: sched_process_fork runs before the child's first wake-up) and at attach for
- * every thread already alive (the seeding iterator, ps_seed_threads). A thread that has none
- * (one cloned without sched_process_fork, such as an io_uring worker from create_io_thread, or
- * an allocation that failed) loses its off-CPU intervals, counted as PS_CTR_THREAD_MAP_FULL.
- * The daemon reads the states through the iterator ps_dump_threads. Where the daemon selects the
- * ps_threads hash instead (ps_cfg_task_storage == 0), it turns this map into a 1-entry hash
- * before load, since such a kernel cannot create a task storage map. */
+ * tracing programs", Linux 5.13): one element hangs off each task_struct, so sched_switch finds
+ * prev's and next's states from the task pointers it already holds, and there is no table to
+ * fill up. The kernel frees a task's storage with the task (bpf_task_storage_free), so nothing
+ * is deleted at exit. sched_switch only looks states up: it never creates one, since creating
+ * allocates (kernel/bpf/bpf_local_storage.c bpf_selem_alloc; in Linux 6.1 a kmalloc(GFP_ATOMIC)),
+ * which under the run-queue lock is the hazard described at ps_threads below. A state is created
+ * outside the scheduler instead, with no lock held:
+ *  - for every new task, in copy_process (ps_thread_new on task_newtask, which also sees the
+ *    tasks that do not pass through sched_process_fork: io_uring workers, vhost tasks), before
+ *    the task can first run;
+ *  - for every thread alive at attach, by the seeding iterator (ps_seed_threads);
+ *  - for a tracked thread still without one (an allocation that failed; on Linux 5.13-6.1 a
+ *    create that met the per-CPU busy counter of task storage, kernel/bpf/bpf_task_storage.c),
+ *    by the daemon's read of the states each window (ps_dump_threads).
+ * Until then its switch-outs are counted as PS_CTR_THREAD_MAP_FULL and its off-CPU intervals
+ * lost. Kernel memory: one storage element per tracked thread (about 0.7 KiB: the 232-byte value,
+ * the element's header and the task's struct bpf_local_storage), so it follows the threads alive;
+ * the kernel's own memory per thread (task_struct and kernel stack) is over 20 KiB. Where the
+ * daemon selects the ps_threads hash instead (ps_cfg_task_storage == 0), it turns this map into
+ * a 1-entry hash before load, since such a kernel cannot create a task storage map. */
 struct {
   __uint(type, BPF_MAP_TYPE_TASK_STORAGE);
   __uint(map_flags, BPF_F_NO_PREALLOC);
@@ -543,12 +549,13 @@ static __always_inline void ps_running_seed(__u64 group) {
 
 /* Run once by the daemon through an iterator fd after sched_switch is attached and before the
  * sampler is. Gives every tracked process a ps_running entry (ps_running_seed). With off-CPU
- * tracking, also seeds ps_threads with the threads that are off-CPU at attach, so a thread asleep
+ * tracking, also gives a state to the threads that are off-CPU at attach, so a thread asleep
  * since before attach is accounted from the attach on (a thread blocked for the whole window
- * contributes the whole window), instead of appearing only after it first wakes; BPF_NOEXIST
- * keeps states that a real switch-out created meanwhile. The kernel stack comes from
- * bpf_get_task_stack(); a sleeping task's user registers are not reachable from here, so its
- * user stack is marked PS_ERR_ASLEEP_AT_ATTACH. */
+ * contributes the whole window), instead of appearing only after it first wakes; a state made
+ * meanwhile (hash: by a real switch-out; task storage: at fork) is kept. With task storage it
+ * also gives running threads their (empty) state, which sched_switch cannot make. The kernel
+ * stack comes from bpf_get_task_stack(); a sleeping task's user registers are not reachable from
+ * here, so its user stack is marked PS_ERR_ASLEEP_AT_ATTACH. */
 SEC("iter/task")
 int ps_seed_threads(struct bpf_iter__task *ctx) {
   struct task_struct *task = ctx->task;
@@ -567,7 +574,9 @@ int ps_seed_threads(struct bpf_iter__task *ctx) {
       ps_count(PS_CTR_THREAD_MAP_FULL);
     return 0;
   }
-  if (!ps_cfg_task_storage && bpf_map_lookup_elem(&ps_threads, &tid)) return 0;
+  if (ps_cfg_task_storage ? bpf_task_storage_get(&ps_thread_storage, task, 0, 0) != 0
+                          : bpf_map_lookup_elem(&ps_threads, &tid) != 0)
+    return 0; /* made since (at fork or, hash, by a switch-out): not asleep since attach */
   struct ps_control *ctl = ps_get_control();
   __u32 zero = 0;
   struct ps_stack *st = bpf_map_lookup_elem(&ps_sched_scratch, &zero);
@@ -606,38 +615,48 @@ int ps_seed_threads(struct bpf_iter__task *ctx) {
   return 0;
 }
 
-/* Task storage only (loaded where ps_cfg_task_storage is 1): a new thread's empty state
- * (ps_thread_storage), made before its first wake-up (kernel/fork.c kernel_clone calls this
- * tracepoint before wake_up_new_task), for a thread whose process is tracked or, following
- * forks, whose parent's is (ps_process_fork in oncpu.bpf.c may add the child after this runs). */
-SEC("tp_btf/sched_process_fork")
-int BPF_PROG(ps_thread_new, struct task_struct *parent, struct task_struct *child) {
+/* Task storage only (loaded where ps_cfg_task_storage is 1): a new task's empty state
+ * (ps_thread_storage). task_newtask fires in kernel/fork.c copy_process for every new task (fork,
+ * clone, kernel threads, create_io_thread, vhost_task_create), after the task is on the task
+ * list and before anything can wake it, with no lock held. Made for a thread whose process is
+ * tracked or, following forks, whose creator's is (ps_process_fork in oncpu.bpf.c adds a child
+ * process to the tree later, at sched_process_fork). */
+SEC("tp_btf/task_newtask")
+int BPF_PROG(ps_thread_new, struct task_struct *task, __u64 clone_flags) {
   if (!ps_cfg_task_storage || !ps_cfg_offcpu) return 0;
-  if (!ps_tgid_tracked(child->tgid) && !(ps_cfg_follow_forks && ps_tgid_tracked(parent->tgid)))
+  if (task->pid == 0) /* an idle task (fork_idle) */
     return 0;
-  if (!bpf_task_storage_get(&ps_thread_storage, child, 0, BPF_LOCAL_STORAGE_GET_F_CREATE))
+  if (!ps_tgid_tracked(task->tgid) &&
+      !(ps_cfg_follow_forks && ps_tgid_tracked(bpf_get_current_pid_tgid() >> 32)))
+    return 0;
+  if (!bpf_task_storage_get(&ps_thread_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE))
     ps_count(PS_CTR_THREAD_MAP_FULL);
   return 0;
 }
 
 /* Task storage only: the daemon's read of every thread state (agent/bpf/map_reader.cc
  * VisitThreads), one record per thread that has one: struct ps_thread_record_head (abi.h),
- * then the state. */
+ * then the state. A tracked thread without one gets an empty one here (ps_thread_storage), so
+ * a state that could not be made earlier is missing for at most a window. */
 SEC("iter/task")
 int ps_dump_threads(struct bpf_iter__task *ctx) {
   struct task_struct *task = ctx->task;
   if (!task || !ps_cfg_task_storage) return 0;
   struct ps_thread_state *ts = bpf_task_storage_get(&ps_thread_storage, task, 0, 0);
-  if (!ts) return 0;
+  if (!ts) {
+    if (task->pid != 0 && ps_tgid_tracked(task->tgid))
+      bpf_task_storage_get(&ps_thread_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    return 0; /* nothing to report yet */
+  }
   struct ps_thread_record_head head = {.tid = task->pid};
   bpf_seq_write(ctx->meta->seq, &head, sizeof(head));
   bpf_seq_write(ctx->meta->seq, ts, sizeof(*ts));
   return 0;
 }
 
-/* Process exit: forget the thread and, per process (PS_GROUP_PROCESS), the process's parallelism
- * entry once its last thread exits (signal->live reaches 0 in do_exit before this tracepoint,
- * kernel/exit.c). */
+/* Process exit: forget the thread (hash only: task storage goes with the task) and, per process
+ * (PS_GROUP_PROCESS), the process's parallelism entry once its last thread exits (signal->live
+ * reaches 0 in do_exit before this tracepoint, kernel/exit.c). */
 static __always_inline int ps_on_exit(struct task_struct *task) {
   __u32 tid = BPF_CORE_READ(task, pid), tgid = BPF_CORE_READ(task, tgid);
   if (!ps_cfg_task_storage) bpf_map_delete_elem(&ps_threads, &tid); /* storage: with the task */

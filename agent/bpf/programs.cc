@@ -171,9 +171,11 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   std::atomic_thread_fence(std::memory_order_seq_cst);
 
   if (self->sched_ != nullptr) {
+    // Task storage: new tasks get their state (ps_thread_new) from before sched_switch looks
+    // for it; the seeding iterator below gives one to the threads already alive.
     for (bpf_program* p :
-         {self->sched_->progs.ps_sched_switch, self->sched_->progs.ps_sched_switch3,
-          self->sched_->progs.ps_process_exit, self->sched_->progs.ps_thread_new,
+         {self->sched_->progs.ps_thread_new, self->sched_->progs.ps_sched_switch,
+          self->sched_->progs.ps_sched_switch3, self->sched_->progs.ps_process_exit,
           self->sched_->progs.ps_cgroup_release, self->sched_->progs.ps_cgroup_rmdir}) {
       if (!bpf_program__autoload(p)) continue;  // the sched_switch variant not chosen
       bpf_link* link = bpf_program__attach(p);
@@ -267,7 +269,7 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   // full (then switch-outs are counted, PS_CTR_THREAD_MAP_FULL, and lost), at least 8192 (2.4
   // MiB). Without off-CPU tracking nothing is stored: one hash entry. Tracing programs can use
   // task storage where task_struct has the bpf_storage member that commit a10787e6d58c ("bpf:
-  // Enable task local storage for tracing programs", Linux 5.11) added for them.
+  // Enable task local storage for tracing programs", Linux 5.13) added for them.
   const bool task_storage = options.offcpu && !options.thread_state_hash &&
                             StructHasMember(vmlinux, "task_struct", "bpf_storage");
   thread_store_ = !options.offcpu ? "" : task_storage ? "task_storage" : "hash";
@@ -604,7 +606,10 @@ unwind::UnwindTableStats BpfPrograms::unwind_stats() const {
 
 void BpfPrograms::SeedSleepingThreads() {
   // Best effort: without it, threads running at attach count in parallelism from their next
-  // switch-in, and threads asleep since before attach appear from their first wake-up.
+  // switch-in, and threads asleep since before attach appear from their first wake-up. With
+  // task storage, threads alive at attach would also have no state until the first window's read
+  // of the states made them one (bpf/sched.bpf.c ps_dump_threads): their switch-outs until
+  // then are counted as dropped (parascope_bpf_events_dropped_total{map="threads"}).
   bpf_link* link = bpf_program__attach_iter(sched_->progs.ps_seed_threads, nullptr);
   if (link == nullptr) {
     Log(LogLevel::kWarning, "cannot seed running processes and sleeping threads (iter/task): %s",

@@ -68,7 +68,7 @@ class BpfPrograms : public WindowSource {
     int sched_switch_args = 0;
     // Where sched_switch keeps per-thread off-CPU state (bpf/sched.bpf.c): false uses task
     // storage where the kernel's BTF shows tracing programs can (task_struct::bpf_storage,
-    // Linux 5.11+), else the ps_threads hash; true forces the hash (tests cover both paths).
+    // Linux 5.13+), else the ps_threads hash; true forces the hash (tests cover both paths).
     bool thread_state_hash = false;
     // Bytes of BPF array memory for unwind table rows (bpf/abi.h struct ps_unwind_row, 16
     // bytes each); allocated at load, charged to the agent's memory cgroup.
@@ -143,7 +143,8 @@ class BpfPrograms : public WindowSource {
   void Detach();
   // Runs ps_seed_threads (iter/task) once, before the sampler is attached: every tracked process
   // gets a parallelism entry (the sampler only adds to existing ones, bpf/common.bpf.h) and, with
-  // off-CPU tracking, threads off-CPU at attach get a thread state.
+  // off-CPU tracking, threads off-CPU at attach get a thread state (with task storage, running
+  // ones an empty state too).
   void SeedSleepingThreads();
   // The map reader and collector over the loaded maps (after LoadSched, when sched).
   // Errors: attaching the thread state iterator failed (libbpf errno).

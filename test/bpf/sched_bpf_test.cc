@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <set>
 #include <string>
 
 #include "agent/bpf/probe.h"
@@ -26,6 +27,14 @@ bool HasProgram(const BpfPrograms& p, const std::string& name) {
     if (s.name == name) return true;
   }
   return false;
+}
+
+void* Nap5ms(void*) {
+  for (;;) {
+    timespec ts{0, 5000000};
+    nanosleep(&ts, nullptr);
+  }
+  return nullptr;
 }
 
 void* Spin(void*) {
@@ -45,13 +54,14 @@ TEST_CASE("bpf: the start-up probes pass on this kernel", "[root][bpf]") {
 
 TEST_CASE(
     "bpf: sched_switch loads as the kernel's BTF says, as the 3-argument fallback and with "
-    "thread states in the ps_threads hash, each recording a sleeping thread's time",
+    "thread states in the ps_threads hash, each recording the time of a thread asleep "
+    "since before attach and of one started after",
     "[root][bpf]") {
   if (!RequireRoot()) return;
   btf* vmlinux = btf__load_vmlinux_btf();
   REQUIRE(vmlinux != nullptr);
   const int kernel_args = TracepointArgCount(vmlinux, "sched_switch");
-  // Task storage for tracing programs (Linux 5.11+), as the agent decides it.
+  // Task storage for tracing programs (Linux 5.13+), as the agent decides it.
   const bool kernel_task_storage = StructHasMember(vmlinux, "task_struct", "bpf_storage");
   btf__free(vmlinux);
   REQUIRE(kernel_args >= 3);
@@ -66,15 +76,23 @@ TEST_CASE(
     const bool storage = kernel_task_storage && !v.hash;
     INFO("sched_switch_args=" << args << " (kernel: " << kernel_args
                               << ") thread_state_hash=" << v.hash);
-    // A child that sleeps 5 ms at a time: off-CPU in TASK_INTERRUPTIBLE nearly all the time.
+    // A child asleep in read() from before attach; after attach it starts a second thread, and
+    // both sleep 5 ms at a time: off-CPU in TASK_INTERRUPTIBLE nearly all the time. The first
+    // thread's state comes from the seeding iterator, the second's from its creation (task
+    // storage: ps_thread_new) or its first switch-out (hash).
+    int go[2];
+    REQUIRE(pipe(go) == 0);
     pid_t child = fork();
     REQUIRE(child >= 0);
     if (child == 0) {
-      for (;;) {
-        timespec ts{0, 5000000};
-        nanosleep(&ts, nullptr);
+      char b;
+      if (read(go[0], &b, 1) == 1) {
+        pthread_t t;
+        pthread_create(&t, nullptr, Nap5ms, nullptr);
       }
+      Nap5ms(nullptr);
     }
+    close(go[0]);
     BpfPrograms::Options opts;
     opts.frequency_hz = 99;
     opts.tgids = {static_cast<uint32_t>(child)};
@@ -88,6 +106,8 @@ TEST_CASE(
     if (!prog.ok()) kill(child, SIGKILL);
     INFO(prog.status().message());
     REQUIRE(prog.ok());
+    REQUIRE(write(go[1], "g", 1) == 1);
+    close(go[1]);
     CHECK(HasProgram(**prog, with_state ? "ps_sched_switch" : "ps_sched_switch3"));
     CHECK(!HasProgram(**prog, with_state ? "ps_sched_switch3" : "ps_sched_switch"));
     CHECK((*prog)->thread_state_store() == (storage ? "task_storage" : "hash"));
@@ -101,17 +121,28 @@ TEST_CASE(
     kill(child, SIGKILL);
     waitpid(child, nullptr, 0);
     REQUIRE(data.ok());
-    uint64_t sleeping_ns = 0, other_ns = 0;
+    // By thread: the first (tid == child) and the one started after attach.
+    uint64_t sleeping_ns[2] = {0, 0}, other_ns[2] = {0, 0};
+    std::set<uint32_t> new_tids;
     for (const OffCpuRecord& r : data->offcpu) {
       CHECK(r.process.tgid == static_cast<uint32_t>(child));
-      (r.state == PS_STATE_SLEEPING ? sleeping_ns : other_ns) += r.ns;
+      const int i = r.tid == static_cast<uint32_t>(child) ? 0 : 1;
+      if (i == 1) new_tids.insert(r.tid);
+      (r.state == PS_STATE_SLEEPING ? sleeping_ns[i] : other_ns[i]) += r.ns;
     }
     BpfCounters c = (*prog)->Counters();
-    INFO("sleeping_ns=" << sleeping_ns << " other_ns=" << other_ns << " elapsed_ns=" << elapsed_ns
-                        << " switches=" << c[PS_CTR_SWITCHES]);
-    // Asleep except for the instants it runs (and run-queue waits on this shared machine).
-    CHECK(sleeping_ns > 0.7 * elapsed_ns);
-    CHECK(sleeping_ns + other_ns < 1.05 * elapsed_ns);
+    INFO("first thread: sleeping_ns=" << sleeping_ns[0] << " other_ns=" << other_ns[0]
+                                      << "; second: sleeping_ns=" << sleeping_ns[1]
+                                      << " other_ns=" << other_ns[1] << " tids=" << new_tids.size()
+                                      << "; elapsed_ns=" << elapsed_ns
+                                      << " switches=" << c[PS_CTR_SWITCHES]);
+    // Asleep except for the instants they run (and run-queue waits on this shared machine); the
+    // second from a moment after t0.
+    CHECK(new_tids.size() == 1);
+    for (int i : {0, 1}) {
+      CHECK(sleeping_ns[i] > 0.7 * elapsed_ns);
+      CHECK(sleeping_ns[i] + other_ns[i] < 1.05 * elapsed_ns);
+    }
     CHECK(c[PS_CTR_SWITCHES] > 100);
     CHECK(c[PS_CTR_THREAD_MAP_FULL] == 0);
     CHECK(c[PS_CTR_MAP_BUSY] == 0);
