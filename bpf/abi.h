@@ -185,9 +185,7 @@ static inline int ps_offcpu_weight_final(__u32 stack_weight, __u32 budget_weight
  * (bpf_ktime_get_ns). */
 struct ps_control {
   __u32 active_buffer;       /* 0 or 1 */
-  __u32 seeded;              /* 1 once the daemon has run the thread-seeding iterator (sched.bpf.c
-                                ps_seed_threads): with task storage, a thread without a state
-                                before then is one it had not reached yet, not a loss */
+  __u32 pad;
   __u64 window_start_ns;     /* ktime of the current window's start */
   __s64 unknown_cpus;        /* online CPUs not yet seen by a switch or a sample since attach */
 };

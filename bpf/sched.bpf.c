@@ -49,7 +49,8 @@ const volatile __u32 ps_cfg_task_storage = 0;
  *  - for every new task, in copy_process (ps_thread_new on task_newtask, which also sees the
  *    tasks that do not pass through sched_process_fork: io_uring workers, vhost tasks), before
  *    the task can first run;
- *  - for every thread alive at attach, by the seeding iterator (ps_seed_threads);
+ *  - for every tracked thread alive at attach, by an iterator run before sched_switch is attached
+ *    (ps_make_states), so that no switch-out after the attach finds none;
  *  - for a tracked thread still without one (an allocation that failed; on Linux 5.13-6.1 a
  *    create that met the per-CPU busy counter of task storage, kernel/bpf/bpf_task_storage.c),
  *    by the daemon's read of the states each window (ps_dump_threads).
@@ -330,16 +331,14 @@ static __always_inline __u32 ps_budget_sample(struct ps_cpu_state *cs, __u64 now
 static __always_inline int ps_switch_out(void *ctx, struct ps_cpu_state *cs,
                                          struct task_struct *prev, __u32 tid, __u32 tgid,
                                          int preempt, __u32 st, __u64 now, __u64 in_ns, __u64 ws,
-                                         __u32 buf, __u32 seeded) {
+                                         __u32 buf) {
   if (st & PS_TASK_DEAD) {
     if (!ps_cfg_task_storage) bpf_map_delete_elem(&ps_threads, &tid);
     return 0; /* task storage goes with the task */
   }
   struct ps_thread_state *ts = ps_thread_state_of(prev, tid);
   if (!ts && ps_cfg_task_storage) {
-    /* No state made at fork or attach (ps_thread_storage); before the seeding iterator has run,
-     * one it has not reached yet (it seeds an off-CPU thread from the window start). */
-    if (seeded) ps_count(PS_CTR_THREAD_MAP_FULL);
+    ps_count(PS_CTR_THREAD_MAP_FULL); /* no state (ps_thread_storage) */
     return 0;
   } else if (!ts) {
     struct ps_thread_state init = {};
@@ -479,8 +478,7 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
   }
   if (ps_cfg_offcpu && prev_tracked) {
     __u32 st = state_arg ? prev_state : ps_btf_task_state(prev);
-    if (ps_switch_out(ctx, cs, prev, prev_tid, prev_tgid, preempt, st, now, prev_in_ns, ws, buf,
-                      ctl->seeded))
+    if (ps_switch_out(ctx, cs, prev, prev_tid, prev_tgid, preempt, st, now, prev_in_ns, ws, buf))
       now = bpf_ktime_get_ns(); /* next comes in after prev's stack walks */
   }
 
@@ -547,15 +545,28 @@ static __always_inline void ps_running_seed(__u64 group) {
     ps_count_insert_error(err, PS_CTR_RUNNING_MAP_FULL);
 }
 
+/* Task storage only: run once by the daemon after ps_thread_new and before sched_switch is
+ * attached. Gives every tracked thread alive an empty state (ps_thread_storage), so that from
+ * its attach on sched_switch records every switch-out (ps_seed_threads then fills the states of
+ * the threads that stayed off-CPU). */
+SEC("iter/task")
+int ps_make_states(struct bpf_iter__task *ctx) {
+  struct task_struct *task = ctx->task;
+  if (!task || !ps_cfg_task_storage || !ps_cfg_offcpu) return 0;
+  if (task->pid == 0 || !ps_tgid_tracked(task->tgid)) return 0;
+  if (!bpf_task_storage_get(&ps_thread_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE))
+    ps_count(PS_CTR_THREAD_MAP_FULL);
+  return 0;
+}
+
 /* Run once by the daemon through an iterator fd after sched_switch is attached and before the
  * sampler is. Gives every tracked process a ps_running entry (ps_running_seed). With off-CPU
  * tracking, also gives a state to the threads that are off-CPU at attach, so a thread asleep
  * since before attach is accounted from the attach on (a thread blocked for the whole window
  * contributes the whole window), instead of appearing only after it first wakes; a state made
- * meanwhile (hash: by a real switch-out; task storage: at fork) is kept. With task storage it
- * also gives running threads their (empty) state, which sched_switch cannot make. The kernel
- * stack comes from bpf_get_task_stack(); a sleeping task's user registers are not reachable from
- * here, so its user stack is marked PS_ERR_ASLEEP_AT_ATTACH. */
+ * meanwhile by a real switch-out is kept (task storage: a state still empty, see ps_make_states,
+ * is filled). The kernel stack comes from bpf_get_task_stack(); a sleeping task's user registers
+ * are not reachable from here, so its user stack is marked PS_ERR_ASLEEP_AT_ATTACH. */
 SEC("iter/task")
 int ps_seed_threads(struct bpf_iter__task *ctx) {
   struct task_struct *task = ctx->task;
@@ -566,17 +577,21 @@ int ps_seed_threads(struct bpf_iter__task *ctx) {
     return 0;
   ps_running_seed(ps_group_of(task, tgid));
   if (!ps_cfg_offcpu) return 0;
-  if (task->on_cpu) {
-    /* Task storage: a running thread gets its (empty) state here, as a new one does at fork;
-     * sched_switch never creates one (ps_thread_storage). */
-    if (ps_cfg_task_storage &&
-        !bpf_task_storage_get(&ps_thread_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE))
+  if (task->on_cpu) return 0;
+  /* Task storage: every thread has had a state since before sched_switch was attached
+   * (ps_make_states), empty (tgid 0) until a switch-out fills it. A thread off-CPU now whose
+   * state is still empty has not switched out since attach: it has been off-CPU since before. */
+  struct ps_thread_state *held = 0;
+  if (ps_cfg_task_storage) {
+    held = bpf_task_storage_get(&ps_thread_storage, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!held) {
       ps_count(PS_CTR_THREAD_MAP_FULL);
-    return 0;
+      return 0;
+    }
+    if (held->tgid != 0 || held->out_ns != 0) return 0;
+  } else if (bpf_map_lookup_elem(&ps_threads, &tid)) {
+    return 0; /* made by a switch-out since attach */
   }
-  if (ps_cfg_task_storage ? bpf_task_storage_get(&ps_thread_storage, task, 0, 0) != 0
-                          : bpf_map_lookup_elem(&ps_threads, &tid) != 0)
-    return 0; /* made since (at fork or, hash, by a switch-out): not asleep since attach */
   struct ps_control *ctl = ps_get_control();
   __u32 zero = 0;
   struct ps_stack *st = bpf_map_lookup_elem(&ps_sched_scratch, &zero);
@@ -602,11 +617,16 @@ int ps_seed_threads(struct bpf_iter__task *ctx) {
   ts.kernel_stack = ps_store_stack(stacks, st, bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0),
                                    0, &ts.kernel_stack_err);
   ts.out_ns = ctl->window_start_ns;
-  if (ps_cfg_task_storage) {
-    /* Created from `ts` unless the thread has a state already (made at fork, and filled by a
-     * real switch-out since): the same rule as BPF_NOEXIST below. */
-    if (!bpf_task_storage_get(&ps_thread_storage, task, &ts, BPF_LOCAL_STORAGE_GET_F_CREATE))
-      ps_count(PS_CTR_THREAD_MAP_FULL);
+  if (held) {
+    /* Filled in place, out_ns last, if still empty (the stack walk above took time). A thread
+     * that woke meanwhile and is running when out_ns lands is closed at its real switch-in by
+     * its next switch-out (ps_switch_out's estimated close: [window start, switch-in]); one
+     * that also switched out within these few stores may mix the two writes, once. */
+    if (held->tgid != 0 || held->out_ns != 0) return 0;
+    ts.out_ns = 0;
+    __builtin_memcpy(held, &ts, sizeof(ts));
+    ps_barrier();
+    held->out_ns = ctl->window_start_ns;
     return 0;
   }
   long err = bpf_map_update_elem(&ps_threads, &tid, &ts, BPF_NOEXIST);

@@ -171,8 +171,8 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   std::atomic_thread_fence(std::memory_order_seq_cst);
 
   if (self->sched_ != nullptr) {
-    // Task storage: new tasks get their state (ps_thread_new) from before sched_switch looks
-    // for it; the seeding iterator below gives one to the threads already alive.
+    // Task storage: every thread has its state before sched_switch looks for it, new ones from
+    // their creation (ps_thread_new), those alive now from ps_make_states (bpf/sched.bpf.c).
     for (bpf_program* p :
          {self->sched_->progs.ps_thread_new, self->sched_->progs.ps_sched_switch,
           self->sched_->progs.ps_sched_switch3, self->sched_->progs.ps_process_exit,
@@ -183,6 +183,9 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
         return LibbpfError(-errno, absl::StrCat("attaching ", bpf_program__name(p)));
       }
       self->links_.push_back(link);
+      if (p == self->sched_->progs.ps_thread_new) {
+        self->RunIterator(self->sched_->progs.ps_make_states, "giving the threads alive a state");
+      }
     }
   }
   // The exit hook before the exec hook: an entry made by an exec is always deleted at the exit.
@@ -196,9 +199,12 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
     }
     self->links_.push_back(link);
   }
-  if (self->sched_ != nullptr) self->SeedSleepingThreads();
-  // From now on a thread without a state in task storage is a loss (bpf/abi.h ps_control.seeded).
-  self->control_->seeded = 1;
+  // Best effort: without it, threads running at attach count in parallelism from their next
+  // switch-in, and threads asleep since before attach appear from their first wake-up.
+  if (self->sched_ != nullptr) {
+    self->RunIterator(self->sched_->progs.ps_seed_threads,
+                      "seeding running processes and sleeping threads");
+  }
   for (size_t i = 0; i < self->events_.fds.size(); ++i) {
     bpf_link* link =
         bpf_program__attach_perf_event(self->sampler_, self->events_.fds[i].get());
@@ -276,6 +282,7 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   sched_->rodata->ps_cfg_task_storage = task_storage ? 1 : 0;
   bpf_program__set_autoload(sched_->progs.ps_thread_new, task_storage);
   bpf_program__set_autoload(sched_->progs.ps_dump_threads, task_storage);
+  bpf_program__set_autoload(sched_->progs.ps_make_states, task_storage);
   const uint64_t threads = HostThreads();
   const uint32_t thread_entries =
       options.offcpu && !task_storage
@@ -604,26 +611,22 @@ unwind::UnwindTableStats BpfPrograms::unwind_stats() const {
   return unwinder_ != nullptr ? unwinder_->stats() : unwind::UnwindTableStats{};
 }
 
-void BpfPrograms::SeedSleepingThreads() {
-  // Best effort: without it, threads running at attach count in parallelism from their next
-  // switch-in, and threads asleep since before attach appear from their first wake-up. With
-  // task storage, threads alive at attach would also have no state until the first window's read
-  // of the states made them one (bpf/sched.bpf.c ps_dump_threads): their switch-outs until
-  // then are counted as dropped (parascope_bpf_events_dropped_total{map="threads"}).
-  bpf_link* link = bpf_program__attach_iter(sched_->progs.ps_seed_threads, nullptr);
+void BpfPrograms::RunIterator(bpf_program* prog, const char* what) {
+  bpf_link* link = bpf_program__attach_iter(prog, nullptr);
   if (link == nullptr) {
-    Log(LogLevel::kWarning, "cannot seed running processes and sleeping threads (iter/task): %s",
-        std::strerror(errno));
+    Log(LogLevel::kWarning, "%s (iter/task): cannot attach: %s", what, std::strerror(errno));
     return;
   }
   int fd = bpf_iter_create(bpf_link__fd(link));
   if (fd >= 0) {
     char buf[64];
-    while (read(fd, buf, sizeof(buf)) > 0) {
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof(buf))) > 0 || (n < 0 && errno == EINTR)) {
     }
+    if (n < 0) Log(LogLevel::kWarning, "%s (iter/task): %s", what, std::strerror(errno));
     close(fd);
   } else {
-    Log(LogLevel::kWarning, "cannot run the thread seeding iterator: %s", std::strerror(errno));
+    Log(LogLevel::kWarning, "%s (iter/task): cannot run: %s", what, std::strerror(errno));
   }
   bpf_link__destroy(link);
 }

@@ -141,11 +141,15 @@ class BpfPrograms : public WindowSource {
   // Errors: reading ps_progress failed (bpf(2) errno).
   absl::Status WaitForPrograms();
   void Detach();
-  // Runs ps_seed_threads (iter/task) once, before the sampler is attached: every tracked process
-  // gets a parallelism entry (the sampler only adds to existing ones, bpf/common.bpf.h) and, with
-  // off-CPU tracking, threads off-CPU at attach get a thread state (with task storage, running
-  // ones an empty state too).
-  void SeedSleepingThreads();
+  // Runs the iter/task program `prog` once, to its end (bpf/sched.bpf.c): ps_make_states before
+  // sched_switch is attached (task storage: every tracked thread alive gets an empty state), and
+  // ps_seed_threads before the sampler is (every tracked process gets a parallelism entry, the
+  // sampler only adds to existing ones, bpf/common.bpf.h; with off-CPU tracking, threads
+  // off-CPU since before attach get a seeded state). Failures are logged as `what` and survived:
+  // the threads concerned are then accounted from their next switch (hash), or from the next
+  // window's read of the states (task storage, ps_dump_threads), their switch-outs until then
+  // counted as dropped.
+  void RunIterator(bpf_program* prog, const char* what);
   // The map reader and collector over the loaded maps (after LoadSched, when sched).
   // Errors: attaching the thread state iterator failed (libbpf errno).
   absl::Status CreateCollector(const Options& options);
