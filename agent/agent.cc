@@ -1084,6 +1084,11 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
         " ms or more count once, exactly, and a thread's next wait after one is captured "
         "outside the budget (up to as many again)");
   }
+  if (!popts.offcpu_description.empty()) {
+    absl::StrAppend(&popts.offcpu_description,
+                    "; each thread's total per state and window is exact: the weighted intervals "
+                    "are scaled to it (only the split across stacks is sampled)");
+  }
   // --latency-group=cgroup: the latency profiles are the cgroups' (group_set, which also builds
   // each cgroup's CPU profile for the summary); the per-process set builds the other types.
   const bool cgroup_groups = config.latency_group == Config::LatencyGroup::kCgroup;

@@ -115,6 +115,11 @@ PS_STATIC_ASSERT(sizeof(struct ps_oncpu_value) == 32, "ps_oncpu_value layout");
  * sleeping thread's kernel stack at switch-in instead. */
 #define PS_ERR_NOT_CAPTURED (-100001)
 
+/* Not a stack: a ps_offcpu<N> record with this as both stack errors (and stacks 0) carries an
+ * exiting thread's ps_uncaptured sum for one state of the window (ps_offcpu_value.ns), which its
+ * state, freed with the thread, can no longer give the daemon (sched.bpf.c ps_on_exit). */
+#define PS_ERR_UNCAPTURED_SUM (-100002)
+
 /* Off-CPU stack sampling (--off-cpu-stack-rate R): walking two stacks is ~90% of the cost of a
  * switch (measured: 5.5 us per event with stacks, 0.6 us without, on the 2-CPU PVM guest). A
  * thread that switched out more than R times per second in its last rate period
@@ -233,6 +238,22 @@ struct ps_user_memo {
 };
 PS_STATIC_ASSERT(sizeof(struct ps_user_memo) == 88, "ps_user_memo layout");
 
+/* The exact length of a thread's off-CPU intervals that count 0 times for sampling (their stacks
+ * not captured: ps_offcpu_weight is 0, and the interval reached the minimum duration), per state,
+ * in one window. The intervals that count more than once stand for these (ps_offcpu_value
+ * sampled_ns), so the daemon knows each thread's exact total per state and window: their
+ * sampled_raw_ns plus these. It scales the weighted ones to that total (agent/collect/
+ * collector.cc ExactOffCpuTotals): the split across stacks stays sampled, the total does not.
+ * Two slots, indexed by the buffer (ps_control.active_buffer) the window fills: BPF resets a slot
+ * when it first adds to it in a new window, and the daemon reads the closed buffer's slot before
+ * the next flip, so neither writes what the other reads. A thread that exits hands its current
+ * slot to the daemon as PS_ERR_UNCAPTURED_SUM records. */
+struct ps_uncaptured {
+  __u64 ws_ns; /* window start the sums are of (0: none yet) */
+  __u64 ns[3]; /* by state: [PS_STATE_RUNNABLE - 1], [_SLEEPING - 1], [_UNINTERRUPTIBLE - 1] */
+};
+PS_STATIC_ASSERT(sizeof(struct ps_uncaptured) == 32, "ps_uncaptured layout");
+
 /* Per-thread switch-out state (sched.bpf.c: task storage, or the ps_threads hash by tid). An
  * off-CPU interval is accounted by BPF at switch-in from max(out_ns, window start), or from out_ns
  * when its weight was not final at the window start (ps_offcpu_weight_final); the part before the
@@ -273,11 +294,12 @@ struct ps_thread_state {
   __u32 last_long;          /* the thread's last off-CPU interval that was not a preemption
                                lasted PS_BUDGET_EXACT_OFFCPU_NS or more: its next switch-out may
                                be captured outside the budget */
+  struct ps_uncaptured uncaptured[2]; /* by buffer (ps_uncaptured above) */
 };
-PS_STATIC_ASSERT(sizeof(struct ps_thread_state) == 232, "ps_thread_state layout");
+PS_STATIC_ASSERT(sizeof(struct ps_thread_state) == 296, "ps_thread_state layout");
 
 /* What the iterator sched.bpf.c ps_dump_threads writes per thread that has a state in task
- * storage: this head, then the struct ps_thread_state, 240 bytes in all. */
+ * storage: this head, then the struct ps_thread_state, 304 bytes in all. */
 struct ps_thread_record_head {
   __u32 tid;
   __u32 pad;
@@ -300,11 +322,13 @@ struct ps_offcpu_key {
 PS_STATIC_ASSERT(sizeof(struct ps_offcpu_key) == 48, "ps_offcpu_key layout");
 
 struct ps_offcpu_value {
-  __u64 ns;     /* off-CPU nanoseconds */
-  __u64 count;  /* intervals (or interval parts) */
+  __u64 ns;             /* off-CPU nanoseconds, each interval (part) times its weight */
+  __u64 count;          /* intervals (or interval parts), each times its weight */
+  __u64 sampled_ns;     /* the part of ns from intervals of weight 2 or more (ps_offcpu_weight) */
+  __u64 sampled_raw_ns; /* the same intervals' length, once each (ps_uncaptured) */
   char comm[PS_TASK_COMM_LEN];
 };
-PS_STATIC_ASSERT(sizeof(struct ps_offcpu_value) == 32, "ps_offcpu_value layout");
+PS_STATIC_ASSERT(sizeof(struct ps_offcpu_value) == 48, "ps_offcpu_value layout");
 
 /* Per-CPU scheduler view (ps_cpu_state, per-CPU array of 1): the task on this CPU and, for the
  * exact on-CPU time per process, since when. Same carry scheme as ps_thread_state. */

@@ -55,7 +55,7 @@ const volatile __u32 ps_cfg_task_storage = 0;
  *    create that met the per-CPU busy counter of task storage, kernel/bpf/bpf_task_storage.c),
  *    by the daemon's read of the states each window (ps_dump_threads).
  * Until then its switch-outs are counted as PS_CTR_THREAD_MAP_FULL and its off-CPU intervals
- * lost. Kernel memory: one storage element per tracked thread (about 0.7 KiB: the 232-byte value,
+ * lost. Kernel memory: one storage element per tracked thread (about 0.8 KiB: the 296-byte value,
  * the element's header and the task's struct bpf_local_storage), so it follows the threads alive;
  * the kernel's own memory per thread (task_struct and kernel stack) is over 20 KiB. Where the
  * daemon selects the ps_threads hash instead (ps_cfg_task_storage == 0), it turns this map into
@@ -72,9 +72,9 @@ struct {
  * where a BPF_F_NO_PREALLOC hash would kmalloc(GFP_ATOMIC) its element (kernel/bpf/hashtab.c
  * alloc_htab_elem), which is unsafe in that context until Linux 6.1's BPF memory allocator
  * ("bpf: Convert hash map to bpf_mem_alloc"): the allocator may wake kswapd, and a wake-up takes
- * a run-queue lock. Cost, all at load: 288 bytes per entry (48-byte struct htab_elem + 8-byte
- * key + 232-byte value, plus one spare element per possible CPU) and 16 bytes of bucket, i.e.
- * 19 MiB at PS_THREAD_MAP_ENTRIES; the daemon sizes it from the threads alive at start
+ * a run-queue lock. Cost, all at load: 352 bytes per entry (48-byte struct htab_elem + 8-byte
+ * key + 296-byte value, plus one spare element per possible CPU) and 16 bytes of bucket, i.e.
+ * 23 MiB at PS_THREAD_MAP_ENTRIES; the daemon sizes it from the threads alive at start
  * (agent/bpf/programs.cc LoadSched). */
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
@@ -82,6 +82,17 @@ struct {
   __type(key, __u32);                         /* tid */
   __type(value, struct ps_thread_state);
 } ps_threads SEC(".maps");
+
+/* A new entry's value (in .rodata: the state is larger than the switch path's stack allows). */
+const struct ps_thread_state ps_empty_thread_state = {};
+
+/* The seeding iterator's state under construction. */
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct ps_thread_state);
+} ps_seed_scratch SEC(".maps");
 
 /* The state of thread `task` (tid `tid`), or NULL when it has none. Task storage: never created
  * here (see ps_thread_storage). */
@@ -174,8 +185,9 @@ static __always_inline void ps_add_u64(void *map, void *key, __u64 delta, __u32 
   __sync_fetch_and_add(v, delta);
 }
 
+/* Adds an interval (part) of `ns` that counts `weight` times to ps_offcpu<N> under `key`. */
 static __always_inline void ps_add_offcpu(void *map, struct ps_offcpu_key *key, __u64 ns,
-                                          __u64 count, const char *comm) {
+                                          __u64 weight, const char *comm) {
   struct ps_offcpu_value *v = bpf_map_lookup_elem(map, key);
   if (!v) {
     struct ps_offcpu_value init = {};
@@ -189,8 +201,34 @@ static __always_inline void ps_add_offcpu(void *map, struct ps_offcpu_key *key, 
     if (!v)
       return;
   }
-  __sync_fetch_and_add(&v->ns, ns);
-  __sync_fetch_and_add(&v->count, count);
+  __sync_fetch_and_add(&v->ns, ns * weight);
+  __sync_fetch_and_add(&v->count, weight);
+  if (weight > 1) {
+    __sync_fetch_and_add(&v->sampled_ns, ns * weight);
+    __sync_fetch_and_add(&v->sampled_raw_ns, ns);
+  }
+}
+
+/* A sampled interval of `ns` (its weight 0 or 2 or more) ends in the window starting at ws,
+ * buffer buf: marks the thread's sums for that window (abi.h ps_uncaptured) as known and adds
+ * the interval to them when it counts 0 times (`weight`). */
+static __always_inline void ps_add_uncaptured(struct ps_thread_state *ts, __u64 ns, __u64 weight,
+                                              __u64 ws, __u32 buf) {
+  struct ps_uncaptured *u = &ts->uncaptured[buf & 1];
+  if (u->ws_ns != ws) { /* the daemon read this slot's last window before the flip to buf */
+    u->ns[0] = 0;
+    u->ns[1] = 0;
+    u->ns[2] = 0;
+    u->ws_ns = ws;
+  }
+  if (weight != 0) return;
+  /* Constant indexes: a computed one the verifier cannot bound after clang's rewrite. */
+  if (ts->state == PS_STATE_RUNNABLE)
+    u->ns[0] += ns;
+  else if (ts->state == PS_STATE_SLEEPING)
+    u->ns[1] += ns;
+  else if (ts->state == PS_STATE_UNINTERRUPTIBLE)
+    u->ns[2] += ns;
 }
 
 /* Thread `tid`, state `ts` (NULL: none), is switched in at `now`: account the off-CPU interval
@@ -249,6 +287,10 @@ static __always_inline void ps_switch_in(struct ps_thread_state *ts, struct task
     ts->carry_ws_ns = ws;
     start = ws;
   }
+  /* Weight 0 (not captured; then the interval is not final at ws, so it starts at out) or 2 or
+   * more: the daemon scales the weighted ones to the exact total (abi.h ps_uncaptured). */
+  if (weight != 1 && now - out >= ps_cfg_min_offcpu_ns)
+    ps_add_uncaptured(ts, now - out, weight, ws, buf);
   if (weight && now > start) {
     struct ps_offcpu_key key = {};
     key.tgid = ts->tgid;
@@ -260,8 +302,8 @@ static __always_inline void ps_switch_in(struct ps_thread_state *ts, struct task
     key.user_stack_err = ts->user_stack_err;
     key.kernel_stack_err = ts->kernel_stack_err;
     key.state = ts->state;
-    ps_add_offcpu(buf == 0 ? (void *)&ps_offcpu0 : (void *)&ps_offcpu1, &key,
-                  (now - start) * weight, weight, ts->comm);
+    ps_add_offcpu(buf == 0 ? (void *)&ps_offcpu0 : (void *)&ps_offcpu1, &key, now - start, weight,
+                  ts->comm);
   }
   ps_barrier();
   ts->out_ns = 0;
@@ -341,8 +383,7 @@ static __always_inline int ps_switch_out(void *ctx, struct ps_cpu_state *cs,
     ps_count(PS_CTR_THREAD_MAP_FULL); /* no state (ps_thread_storage) */
     return 0;
   } else if (!ts) {
-    struct ps_thread_state init = {};
-    long err = bpf_map_update_elem(&ps_threads, &tid, &init, BPF_NOEXIST);
+    long err = bpf_map_update_elem(&ps_threads, &tid, &ps_empty_thread_state, BPF_NOEXIST);
     if (err && err != -EEXIST) {
       ps_count_insert_error(err, PS_CTR_THREAD_MAP_FULL);
       return 0;
@@ -595,41 +636,41 @@ int ps_seed_threads(struct bpf_iter__task *ctx) {
   struct ps_control *ctl = ps_get_control();
   __u32 zero = 0;
   struct ps_stack *st = bpf_map_lookup_elem(&ps_sched_scratch, &zero);
-  if (!ctl || !st)
-    return 0;
-  struct ps_thread_state ts = {};
+  struct ps_thread_state *tsp = bpf_map_lookup_elem(&ps_seed_scratch, &zero);
+  if (!ctl || !st || !tsp) return 0;
+  __builtin_memset(tsp, 0, sizeof(*tsp));
   __u32 state = ps_task_state(task);
   if (state & PS_TASK_DEAD)
     return 0;
-  ts.state = state == PS_TASK_RUNNING ? PS_STATE_RUNNABLE
-             : ((state & PS_TASK_UNINTERRUPTIBLE) && !(state & PS_TASK_NOLOAD))
-                 ? PS_STATE_UNINTERRUPTIBLE
-                 : PS_STATE_SLEEPING;
-  ts.tgid = tgid;
-  ts.tgid_start_ns = BPF_CORE_READ(task, group_leader, start_boottime);
-  ts.exec_id = ps_exec_id(task);
-  BPF_CORE_READ_STR_INTO(&ts.comm, task, comm);
-  ts.user_stack_err = PS_ERR_ASLEEP_AT_ATTACH;
-  ts.stack_weight = 1;
-  ts.budget_weight = 1;
+  tsp->state = state == PS_TASK_RUNNING ? PS_STATE_RUNNABLE
+               : ((state & PS_TASK_UNINTERRUPTIBLE) && !(state & PS_TASK_NOLOAD))
+                   ? PS_STATE_UNINTERRUPTIBLE
+                   : PS_STATE_SLEEPING;
+  tsp->tgid = tgid;
+  tsp->tgid_start_ns = BPF_CORE_READ(task, group_leader, start_boottime);
+  tsp->exec_id = ps_exec_id(task);
+  BPF_CORE_READ_STR_INTO(&tsp->comm, task, comm);
+  tsp->user_stack_err = PS_ERR_ASLEEP_AT_ATTACH;
+  tsp->stack_weight = 1;
+  tsp->budget_weight = 1;
   st->flags = 0;
   void *stacks = ctl->active_buffer == 0 ? (void *)&ps_sched_stacks0 : (void *)&ps_sched_stacks1;
-  ts.kernel_stack = ps_store_stack(stacks, st, bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0),
-                                   0, &ts.kernel_stack_err);
-  ts.out_ns = ctl->window_start_ns;
+  tsp->kernel_stack = ps_store_stack(
+      stacks, st, bpf_get_task_stack(task, st->ips, sizeof(st->ips), 0), 0, &tsp->kernel_stack_err);
+  tsp->out_ns = ctl->window_start_ns;
   if (held) {
     /* Filled in place, out_ns last, if still empty (the stack walk above took time). A thread
      * that woke meanwhile and is running when out_ns lands is closed at its real switch-in by
      * its next switch-out (ps_switch_out's estimated close: [window start, switch-in]); one
      * that also switched out within these few stores may mix the two writes, once. */
     if (held->tgid != 0 || held->out_ns != 0) return 0;
-    ts.out_ns = 0;
-    __builtin_memcpy(held, &ts, sizeof(ts));
+    tsp->out_ns = 0;
+    __builtin_memcpy(held, tsp, sizeof(*tsp));
     ps_barrier();
     held->out_ns = ctl->window_start_ns;
     return 0;
   }
-  long err = bpf_map_update_elem(&ps_threads, &tid, &ts, BPF_NOEXIST);
+  long err = bpf_map_update_elem(&ps_threads, &tid, tsp, BPF_NOEXIST);
   if (err && err != -EEXIST)
     ps_count_insert_error(err, PS_CTR_THREAD_MAP_FULL);
   return 0;
@@ -674,11 +715,41 @@ int ps_dump_threads(struct bpf_iter__task *ctx) {
   return 0;
 }
 
+/* Thread `task` (tid) exits: its sums of uncaptured intervals in this window (abi.h
+ * ps_uncaptured), which go with its state, become PS_ERR_UNCAPTURED_SUM records in the window's
+ * buffer. Intervals it ends later (a preemption before its last switch-out) are not added. */
+static __always_inline void ps_hand_over_uncaptured(struct task_struct *task, __u32 tid) {
+  struct ps_thread_state *ts = ps_cfg_task_storage
+                                   ? bpf_task_storage_get(&ps_thread_storage, task, 0, 0)
+                                   : bpf_map_lookup_elem(&ps_threads, &tid);
+  struct ps_control *ctl = ps_get_control();
+  if (!ts || !ctl) return;
+  const __u32 buf = ctl->active_buffer;
+  struct ps_uncaptured *u = &ts->uncaptured[buf & 1];
+  if (u->ws_ns != ctl->window_start_ns) return; /* no sampled interval in this window */
+  struct ps_offcpu_key key = {};
+  key.tgid = ts->tgid;
+  key.tid = tid;
+  key.tgid_start_ns = ts->tgid_start_ns;
+  key.exec_id = ts->exec_id;
+  key.user_stack_err = PS_ERR_UNCAPTURED_SUM;
+  key.kernel_stack_err = PS_ERR_UNCAPTURED_SUM;
+  void *map = buf == 0 ? (void *)&ps_offcpu0 : (void *)&ps_offcpu1;
+#pragma unroll
+  for (__u32 i = 0; i < 3; ++i) {
+    key.state = PS_STATE_RUNNABLE + i;
+    /* Every state, 0 too: the record says the thread's sums are known (all captured). */
+    ps_add_offcpu(map, &key, u->ns[i], 1, ts->comm);
+  }
+  u->ws_ns = 0;
+}
+
 /* Process exit: forget the thread (hash only: task storage goes with the task) and, per process
  * (PS_GROUP_PROCESS), the process's parallelism entry once its last thread exits (signal->live
  * reaches 0 in do_exit before this tracepoint, kernel/exit.c). */
 static __always_inline int ps_on_exit(struct task_struct *task) {
   __u32 tid = BPF_CORE_READ(task, pid), tgid = BPF_CORE_READ(task, tgid);
+  if (ps_cfg_offcpu) ps_hand_over_uncaptured(task, tid);
   if (!ps_cfg_task_storage) bpf_map_delete_elem(&ps_threads, &tid); /* storage: with the task */
   if (ps_cfg_group == PS_GROUP_PROCESS && BPF_CORE_READ(task, signal, live.counter) == 0) {
     __u64 group = tgid;

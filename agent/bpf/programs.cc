@@ -272,9 +272,9 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   // when the task is created and freed with it), so it has no ceiling. It is not a faster lookup:
   // one more dependent cache miss than the hash, measured +100 ns a switch with 500 threads and
   // equal in a ping-pong (bench/switch_ab.py, Linux 6.18). Else in the ps_threads hash,
-  // preallocated (kThreadEntryBytes below, 19 MiB at PS_THREAD_MAP_ENTRIES): twice the threads
+  // preallocated (kThreadEntryBytes below, 23 MiB at PS_THREAD_MAP_ENTRIES): twice the threads
   // alive now, so the host can grow before the map is full (then switch-outs are counted,
-  // PS_CTR_THREAD_MAP_FULL, and lost), at least 8192 (2.4 MiB). Without off-CPU tracking nothing is
+  // PS_CTR_THREAD_MAP_FULL, and lost), at least 8192 (2.9 MiB). Without off-CPU tracking nothing is
   // stored: one hash entry. Tracing programs can use task storage where task_struct has the
   // bpf_storage member that commit a10787e6d58c ("bpf: Enable task local storage for tracing
   // programs", Linux 5.13) added for them.

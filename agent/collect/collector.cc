@@ -16,12 +16,14 @@ WindowData Collector::Collect(int64_t prev_ws_ns, int64_t ws_ns, uint32_t closed
   out.start_mono_ns = prev_ws_ns;
   out.end_mono_ns = ws_ns;
   ++window_index_;
+  uncaptured_.clear();
   DrainBuffer(closed, &out);
   if (final) DrainBuffer(closed ^ 1, &out);
   if (options_.sched) {
     absl::flat_hash_map<uint32_t, uint64_t> on_cpu;
     ScanCpus(prev_ws_ns, ws_ns, &on_cpu, &out);
-    ScanThreads(prev_ws_ns, ws_ns, on_cpu, final, &out);
+    ScanThreads(prev_ws_ns, ws_ns, closed, on_cpu, final, &out);
+    ExactOffCpuTotals(&out);
   }
 
   // Keep stacks used in this or the previous window; bound the cache.
@@ -92,6 +94,15 @@ void Collector::DrainBuffer(uint32_t index, WindowData* out) {
   if (!options_.sched) return;
 
   maps_->DrainOffCpu(index, [&](const ps_offcpu_key& k, const ps_offcpu_value& v) {
+    if (k.user_stack_err == PS_ERR_UNCAPTURED_SUM) {
+      const uint32_t i = k.state - PS_STATE_RUNNABLE;
+      if (i >= 3) return;
+      Uncaptured& u = uncaptured_[k.tid];
+      u.process = proc::ProcessKey{k.tgid, k.tgid_start_ns, k.exec_id};
+      u.thread_name.assign(v.comm, strnlen(v.comm, sizeof(v.comm)));
+      u.ns[i] += v.ns;
+      return;
+    }
     OffCpuRecord r;
     r.process = proc::ProcessKey{k.tgid, k.tgid_start_ns, k.exec_id};
     r.tid = k.tid;
@@ -100,6 +111,8 @@ void Collector::DrainBuffer(uint32_t index, WindowData* out) {
     r.state = k.state;
     r.ns = v.ns;
     r.count = v.count;
+    r.sampled_ns = v.sampled_ns;
+    r.sampled_raw_ns = v.sampled_raw_ns;
     out->offcpu.push_back(std::move(r));
   });
 
@@ -108,7 +121,7 @@ void Collector::DrainBuffer(uint32_t index, WindowData* out) {
   });
 }
 
-void Collector::ScanThreads(int64_t prev_ws, int64_t ws,
+void Collector::ScanThreads(int64_t prev_ws, int64_t ws, uint32_t closed,
                             const absl::flat_hash_map<uint32_t, uint64_t>& on_cpu, bool final,
                             WindowData* out) {
   const uint64_t cur = static_cast<uint64_t>(ws), prev = static_cast<uint64_t>(prev_ws);
@@ -145,6 +158,13 @@ void Collector::ScanThreads(int64_t prev_ws, int64_t ws,
   uint64_t entries = 0;
   maps_->VisitThreads([&](uint32_t tid, const ps_thread_state& ts) {
     ++entries;
+    // BPF set the slot's window when it first met a sampled interval of the thread in it.
+    if (const ps_uncaptured& u = ts.uncaptured[closed & 1]; u.ws_ns == prev) {
+      Uncaptured& mine = uncaptured_[tid];
+      mine.process = proc::ProcessKey{ts.tgid, ts.tgid_start_ns, ts.exec_id};
+      mine.thread_name.assign(ts.comm, strnlen(ts.comm, sizeof(ts.comm)));
+      for (int i = 0; i < 3; ++i) mine.ns[i] += u.ns[i];
+    }
     if (ts.carry_ws_ns == cur) {
       // Ended after `cur`, its weight final at `cur` (BPF copies only such intervals).
       if (ts.carry_weight != 0) {
@@ -181,6 +201,58 @@ void Collector::ScanThreads(int64_t prev_ws, int64_t ws,
   deferred_ = std::move(deferred);
   map_stats_.thread_states = entries;
   map_stats_.thread_states_max = std::max(map_stats_.thread_states_max, entries);
+}
+
+void Collector::ExactOffCpuTotals(WindowData* out) {
+  const absl::flat_hash_map<uint32_t, Uncaptured>& uncaptured = uncaptured_;
+  struct Sums {
+    uint64_t sampled = 0;  // sum of the weighted intervals' ns * weight
+    uint64_t exact = 0;    // their length once each, plus the uncaptured intervals'
+  };
+  constexpr uint32_t kStates = 3;
+  absl::flat_hash_map<uint64_t, Sums> by_thread_state;  // tid << 2 | (state - RUNNABLE)
+  auto index = [](uint32_t tid, uint32_t state) {
+    return uint64_t{tid} << 2 | ((state - PS_STATE_RUNNABLE) & 3);
+  };
+  for (const OffCpuRecord& r : out->offcpu) {
+    if (r.sampled_ns == 0 || !uncaptured.contains(r.tid)) continue;
+    Sums& s = by_thread_state[index(r.tid, r.state)];
+    s.sampled += r.sampled_ns;
+    s.exact += r.sampled_raw_ns;
+  }
+  for (const auto& [tid, u] : uncaptured) {
+    for (uint32_t i = 0; i < kStates; ++i) {
+      if (u.ns[i] == 0) continue;
+      auto it = by_thread_state.find(index(tid, PS_STATE_RUNNABLE + i));
+      if (it != by_thread_state.end()) {
+        it->second.exact += u.ns[i];
+        continue;
+      }
+      // No interval of this thread and state counted more than once: the time is known, its
+      // stacks are not.
+      OffCpuRecord r;
+      r.process = u.process;
+      r.tid = tid;
+      r.thread_name = u.thread_name;
+      r.stacks.kernel_stack_err = PS_ERR_NOT_CAPTURED;
+      r.stacks.user_stack_err = PS_ERR_NOT_CAPTURED;
+      r.state = PS_STATE_RUNNABLE + i;
+      r.ns = u.ns[i];
+      r.count = 1;
+      out->offcpu.push_back(std::move(r));
+    }
+  }
+  for (OffCpuRecord& r : out->offcpu) {
+    if (r.sampled_ns == 0) continue;
+    if (auto it = by_thread_state.find(index(r.tid, r.state)); it != by_thread_state.end()) {
+      const Sums& s = it->second;
+      const auto scaled =
+          static_cast<uint64_t>(static_cast<unsigned __int128>(r.sampled_ns) * s.exact / s.sampled);
+      r.ns = r.ns - r.sampled_ns + scaled;
+    }
+    r.sampled_ns = 0;
+    r.sampled_raw_ns = 0;
+  }
 }
 
 void Collector::ScanCpus(int64_t prev_ws, int64_t ws,

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -55,15 +56,31 @@ class Collector {
   const MapStats& map_stats() const { return map_stats_; }
 
  private:
-  // Reads and empties buffer `index` (no program may be writing it) into *out.
+  // Reads and empties buffer `index` (no program may be writing it) into *out, and the sums of
+  // uncaptured intervals of the threads that exited (bpf/abi.h PS_ERR_UNCAPTURED_SUM) into
+  // uncaptured_.
   void DrainBuffer(uint32_t index, WindowData* out);
   // Attributes the parts of intervals crossing [prev_ws, ws) that BPF left to the daemon.
   // `on_cpu`: tid -> since when ScanCpus saw it on a CPU (ktime ns), for threads whose switch-in
   // the tracepoint did not report (their state still says off-CPU; bpf/abi.h).
   // `final`: the last window (programs detached): intervals still running are cut at ws.
-  void ScanThreads(int64_t prev_ws, int64_t ws,
+  // Also collects, into uncaptured_, each thread's exact length of its intervals of weight 0 in
+  // the window, from its slot for buffer `closed` (bpf/abi.h ps_uncaptured).
+  struct Uncaptured {
+    proc::ProcessKey process;
+    std::string thread_name;
+    uint64_t ns[3] = {0, 0, 0};  // by state - PS_STATE_RUNNABLE
+  };
+  void ScanThreads(int64_t prev_ws, int64_t ws, uint32_t closed,
                    const absl::flat_hash_map<uint32_t, uint64_t>& on_cpu, bool final,
                    WindowData* out);
+  // Makes each off-CPU total exact per thread and state where the thread's sums of intervals of
+  // weight 0 are known (uncaptured_): the intervals that counted more than once
+  // (OffCpuRecord::sampled_ns) are scaled so that they sum to their own length plus those, a
+  // ratio estimate. The total is then measured; only its split across stacks is sampled. Where
+  // no interval counted more than once, the sum is added under uncaptured stacks. Threads without
+  // a known sum (exited before the scan) keep their weighted, unbiased figures.
+  void ExactOffCpuTotals(WindowData* out);
   // Adds the on-CPU time of the tasks running at the boundary; fills *on_cpu.
   void ScanCpus(int64_t prev_ws, int64_t ws, absl::flat_hash_map<uint32_t, uint64_t>* on_cpu,
                 WindowData* out);
@@ -86,6 +103,8 @@ class Collector {
   // Off-CPU intervals the last thread scan left whole to BPF, their weight not final at its
   // boundary (bpf/abi.h ps_offcpu_weight_final): tid -> out_ns. At most PS_THREAD_MAP_ENTRIES.
   absl::flat_hash_map<uint32_t, uint64_t> deferred_;
+  // This window's sums of uncaptured off-CPU intervals by tid (Collect clears it).
+  absl::flat_hash_map<uint32_t, Uncaptured> uncaptured_;
   MapStats map_stats_;
 };
 

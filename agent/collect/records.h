@@ -46,8 +46,12 @@ struct OffCpuRecord {
   std::string thread_name;
   StackPair stacks;              // captured at switch-out
   uint32_t state = 0;            // PS_STATE_RUNNABLE, _SLEEPING or _UNINTERRUPTIBLE
-  uint64_t ns = 0;
-  uint64_t count = 0;            // intervals or interval parts
+  uint64_t ns = 0;               // each interval (part) times its weight (bpf/abi.h)
+  uint64_t count = 0;            // intervals or interval parts, each times its weight
+  // The part of ns from intervals of weight 2 or more, and their length once each (bpf/abi.h
+  // ps_offcpu_value): Collector scales that part to the thread's exact total, then clears both.
+  uint64_t sampled_ns = 0;
+  uint64_t sampled_raw_ns = 0;
 };
 
 // Exact on-CPU time of one process in one window, from sched_switch accounting.

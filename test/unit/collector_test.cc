@@ -765,6 +765,132 @@ TEST_CASE("collector: the default stack cache bound is 65536 stacks", "[collect]
   CHECK(w2.oncpu[0].stacks.user_ips == std::vector<uint64_t>{2});
 }
 
+namespace {
+
+// A ps_offcpu<N> record of thread `tid` (sleeping unless told) under `user_stack`: intervals of
+// `raw_ns` in all that counted `weight` times each, as ps_add_offcpu adds them.
+std::pair<ps_offcpu_key, ps_offcpu_value> Weighted(uint32_t tid, uint64_t user_stack,
+                                                   uint64_t raw_ns, uint64_t weight,
+                                                   uint64_t intervals,
+                                                   uint32_t state = PS_STATE_SLEEPING) {
+  ps_offcpu_key k{};
+  k.tgid = kProcA.tgid;
+  k.tid = tid;
+  k.tgid_start_ns = kProcA.start_boot_ns;
+  k.exec_id = kProcA.exec_id;
+  k.user_stack = user_stack;
+  k.kernel_stack = kKernelStack;
+  k.state = state;
+  ps_offcpu_value v{};
+  v.ns = raw_ns * weight;
+  v.count = intervals * weight;
+  if (weight > 1) {
+    v.sampled_ns = raw_ns * weight;
+    v.sampled_raw_ns = raw_ns;
+  }
+  SetComm(v.comm, "worker");
+  return {k, v};
+}
+
+uint64_t OffCpuNsUnder(const WindowData& w, uint32_t tid, uint64_t user_stack_first_ip,
+                       uint32_t state = PS_STATE_SLEEPING) {
+  uint64_t ns = 0;
+  for (const OffCpuRecord& r : OffCpuOf(w, tid)) {
+    if (r.state == state && !r.stacks.user_ips.empty() &&
+        r.stacks.user_ips[0] == user_stack_first_ip) {
+      ns += r.ns;
+    }
+  }
+  return ns;
+}
+
+}  // namespace
+
+TEST_CASE("collector: sampled off-CPU intervals are scaled to the thread's exact total per state",
+          "[collect]") {
+  // Ground truth, window 1 (buffer 0), thread 11 of A, sleeping: 1 ms in short intervals whose
+  // stacks were sampled, plus one exact 5 ms interval. Captured: 45 us under stack P and 60 us
+  // under stack Q, each counting 10 times (1.05 ms estimated); not captured: 895 us, summed by
+  // BPF in the thread's slot for buffer 0 (bpf/abi.h ps_uncaptured). So P and Q are scaled by
+  // 1 ms / 1.05 ms to 428'571 and 571'428 ns (rounded down), the exact interval stays, and the
+  // thread's sleeping total is 5'999'999 ns (1 ns lost to rounding). It also waited runnable
+  // 7 us, none of it captured: that comes under uncaptured stacks. Thread 12 has a sampled
+  // record but no sums (its slot is of another window): its estimate stays as it is.
+  FakeMapReader maps;
+  Collector collector(&maps, {});
+  constexpr uint64_t kP = 0x7070, kQ = 0x7171, kExact = 0x7272;
+  maps.buffers[0].stacks[kKernelStack] = Stack(kKernelIps);
+  maps.buffers[0].stacks[kP] = Stack({0x1000});
+  maps.buffers[0].stacks[kQ] = Stack({0x2000});
+  maps.buffers[0].stacks[kExact] = Stack({0x3000});
+  maps.buffers[0].offcpu.push_back(Weighted(11, kP, 45'000, 10, 2));
+  maps.buffers[0].offcpu.push_back(Weighted(11, kQ, 60'000, 10, 1));
+  maps.buffers[0].offcpu.push_back(Weighted(11, kExact, 5'000'000, 1, 1));
+  maps.buffers[0].offcpu.push_back(Weighted(12, kP, 30'000, 4, 1));
+  ps_thread_state t11 = SwitchedOut(kProcA, 0, 0, 0);
+  t11.out_ns = 0;  // on a CPU at the boundary
+  t11.uncaptured[0].ws_ns = kT1;
+  t11.uncaptured[0].ns[PS_STATE_SLEEPING - PS_STATE_RUNNABLE] = 895'000;
+  t11.uncaptured[0].ns[PS_STATE_RUNNABLE - PS_STATE_RUNNABLE] = 7'000;
+  t11.uncaptured[1].ws_ns = kT1 - 1'000'000'000;  // the other buffer's slot: an older window
+  t11.uncaptured[1].ns[PS_STATE_SLEEPING - PS_STATE_RUNNABLE] = 123'456'789;
+  maps.threads[11] = t11;
+  ps_thread_state t12 = SwitchedOut(kProcA, 0, 0, 0);
+  t12.out_ns = 0;
+  t12.uncaptured[0].ws_ns = kT1 - 1'000'000'000;
+  t12.uncaptured[0].ns[PS_STATE_SLEEPING - PS_STATE_RUNNABLE] = 999'000;
+  maps.threads[12] = t12;
+
+  WindowData w = collector.Collect(kT1, kT2, 0, false);
+  CHECK(OffCpuNsUnder(w, 11, 0x1000) == 428'571);
+  CHECK(OffCpuNsUnder(w, 11, 0x2000) == 571'428);
+  CHECK(OffCpuNsUnder(w, 11, 0x3000) == 5'000'000);
+  uint64_t runnable = 0, sleeping = 0;
+  for (const OffCpuRecord& r : OffCpuOf(w, 11)) {
+    (r.state == PS_STATE_RUNNABLE ? runnable : sleeping) += r.ns;
+    CHECK(r.sampled_ns == 0);
+    if (r.state == PS_STATE_RUNNABLE) {
+      CHECK(r.stacks.kernel_stack_err == PS_ERR_NOT_CAPTURED);
+      CHECK(r.stacks.user_stack_err == PS_ERR_NOT_CAPTURED);
+      CHECK(r.process == kProcA);
+      CHECK(r.thread_name == "worker");
+    }
+  }
+  CHECK(sleeping == 5'999'999);
+  CHECK(runnable == 7'000);
+  CHECK(OffCpuNs(w, 12) == 120'000);
+}
+
+TEST_CASE("collector: an exited thread's uncaptured sums come as records and are not profiled",
+          "[collect]") {
+  // Ground truth, window 1: thread 13 exited; ps_hand_over_uncaptured wrote its sums as
+  // PS_ERR_UNCAPTURED_SUM records, 900 us sleeping and 0 in the other states. Its captured
+  // intervals, 100 us counting 5 times, are scaled to 100 us + 900 us. Thread 14 also exited,
+  // with every sampled interval captured (its sums all 0): its 50 us counting 3 times are 50 us.
+  FakeMapReader maps;
+  Collector collector(&maps, {});
+  constexpr uint64_t kP = 0x7070;
+  maps.buffers[0].stacks[kKernelStack] = Stack(kKernelIps);
+  maps.buffers[0].stacks[kP] = Stack({0x1000});
+  maps.buffers[0].offcpu.push_back(Weighted(13, kP, 100'000, 5, 1));
+  maps.buffers[0].offcpu.push_back(Weighted(14, kP, 50'000, 3, 1));
+  for (uint32_t tid : {13u, 14u}) {
+    for (uint32_t state : {PS_STATE_RUNNABLE, PS_STATE_SLEEPING, PS_STATE_UNINTERRUPTIBLE}) {
+      auto rec =
+          Weighted(tid, 0, tid == 13 && state == PS_STATE_SLEEPING ? 900'000 : 0, 1, 1, state);
+      rec.first.kernel_stack = 0;
+      rec.first.user_stack_err = PS_ERR_UNCAPTURED_SUM;
+      rec.first.kernel_stack_err = PS_ERR_UNCAPTURED_SUM;
+      maps.buffers[0].offcpu.push_back(rec);
+    }
+  }
+  WindowData w = collector.Collect(kT1, kT2, 0, false);
+  REQUIRE(OffCpuOf(w, 13).size() == 1);
+  CHECK(OffCpuOf(w, 13)[0].ns == 1'000'000);
+  REQUIRE(OffCpuOf(w, 14).size() == 1);
+  CHECK(OffCpuOf(w, 14)[0].ns == 50'000);
+}
+
 TEST_CASE("collector: the final window drains both buffers", "[collect]") {
   // Ground truth: at the final drain the programs are detached and the buffer was not flipped;
   // ps_offcpu0 (closed) holds 10 ms of thread 11 and ps_offcpu1 (filled since the last flip,
