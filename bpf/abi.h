@@ -128,7 +128,8 @@ PS_STATIC_ASSERT(sizeof(struct ps_oncpu_value) == 32, "ps_oncpu_value layout");
  * times (ns and count), so sums stay unbiased; this stage keeps intervals of PS_EXACT_OFFCPU_NS
  * or more exactly once (uncaptured ones with the kernel stack taken at switch-in and the user
  * stack PS_ERR_NOT_CAPTURED), unless the CPU's budget below samples them. Uncaptured shorter
- * intervals are represented by the weighted ones. R = 0 captures every switch-out. */
+ * intervals are represented by the weighted ones in the split across stacks; their exact length
+ * makes the totals exact (ps_uncaptured). R = 0 captures every switch-out. */
 #define PS_RATE_PERIOD_NS 100000000ULL  /* 100 ms */
 #define PS_EXACT_OFFCPU_NS 1000000ULL   /* 1 ms */
 #define PS_MAX_STACK_WEIGHT 65536
@@ -142,9 +143,10 @@ PS_STATIC_ASSERT(sizeof(struct ps_oncpu_value) == 32, "ps_oncpu_value layout");
  * stay at or under B a second. The choice is made at switch-out, before the interval's length is
  * known, so weights keep sums unbiased: a captured interval shorter than PS_BUDGET_EXACT_OFFCPU_NS
  * counts c times (times w if also under PS_EXACT_OFFCPU_NS), an uncaptured one is represented by
- * them; intervals of PS_BUDGET_EXACT_OFFCPU_NS or more always count once, exactly (uncaptured ones
- * with the kernel stack taken at switch-in), so a rare long stall is never lost or inflated, also
- * across window boundaries (ps_offcpu_weight_final). A thread whose last interval was that long
+ * them across stacks (its length still counts exactly in the totals: ps_uncaptured); intervals of
+ * PS_BUDGET_EXACT_OFFCPU_NS or more always count once, exactly (uncaptured ones with the kernel
+ * stack taken at switch-in), so a rare long stall is never lost or inflated, also across window
+ * boundaries (ps_offcpu_weight_final). A thread whose last interval was that long
  * (ps_thread_state.last_long) has its next voluntary switch-out captured outside the budget,
  * weight 1, while the CPU has taken fewer than B such captures a second: a thread that mostly
  * waits long, the one whose waits matter, keeps its user stack (which switch-in cannot take: the
@@ -246,8 +248,12 @@ PS_STATIC_ASSERT(sizeof(struct ps_user_memo) == 88, "ps_user_memo layout");
  * collector.cc ExactOffCpuTotals): the split across stacks stays sampled, the total does not.
  * Two slots, indexed by the buffer (ps_control.active_buffer) the window fills: BPF resets a slot
  * when it first adds to it in a new window, and the daemon reads the closed buffer's slot before
- * the next flip, so neither writes what the other reads. A thread that exits hands its current
- * slot to the daemon as PS_ERR_UNCAPTURED_SUM records. */
+ * the next flip. A program that read the old buffer and then the new window start (between the
+ * daemon's two stores at a flip) resets the closed buffer's slot: the daemon then finds it of
+ * another window and keeps that thread's weighted figures for the window (nothing is counted
+ * twice). A thread that exits hands its current slot to the daemon as PS_ERR_UNCAPTURED_SUM
+ * records. Only intervals BPF counts whole are added: one closed at an estimated switch-in before
+ * the window start (abi.h ps_cpu_state) was cut there by the daemon. */
 struct ps_uncaptured {
   __u64 ws_ns; /* window start the sums are of (0: none yet) */
   __u64 ns[3]; /* by state: [PS_STATE_RUNNABLE - 1], [_SLEEPING - 1], [_UNINTERRUPTIBLE - 1] */
@@ -442,7 +448,7 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
 #define PS_PID_FILTER_ENTRIES 1024   /* --pid targets; command mode sizes it PS_TREE_ENTRIES */
 #define PS_TREE_ENTRIES 32768        /* live processes of a command mode tree */
 /* at most, threads tracked off-CPU at once in the ps_threads hash (kernels without task storage
- * for tracing programs; preallocated, ~304 bytes each with the bucket; sized by the daemon) */
+ * for tracing programs; preallocated, ~368 bytes each with the bucket; sized by the daemon) */
 #define PS_THREAD_MAP_ENTRIES 65536
 #define PS_RUNNING_ENTRIES 32768     /* processes with a parallelism count */
 #define PS_OFFCPU_MAP_ENTRIES 16384

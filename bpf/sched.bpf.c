@@ -287,9 +287,10 @@ static __always_inline void ps_switch_in(struct ps_thread_state *ts, struct task
     ts->carry_ws_ns = ws;
     start = ws;
   }
-  /* Weight 0 (not captured; then the interval is not final at ws, so it starts at out) or 2 or
-   * more: the daemon scales the weighted ones to the exact total (abi.h ps_uncaptured). */
-  if (weight != 1 && now - out >= ps_cfg_min_offcpu_ns)
+  /* Weight 0 (not captured) or 2 or more: the daemon scales the weighted ones to the exact
+   * total (abi.h ps_uncaptured). Only an interval counted whole here: a weight-0 one is final at
+   * ws only when closed at an estimated switch-in before ws, and the daemon cut it at ws. */
+  if (weight != 1 && start == out && now - out >= ps_cfg_min_offcpu_ns)
     ps_add_uncaptured(ts, now - out, weight, ws, buf);
   if (weight && now > start) {
     struct ps_offcpu_key key = {};
@@ -719,9 +720,7 @@ int ps_dump_threads(struct bpf_iter__task *ctx) {
  * ps_uncaptured), which go with its state, become PS_ERR_UNCAPTURED_SUM records in the window's
  * buffer. Intervals it ends later (a preemption before its last switch-out) are not added. */
 static __always_inline void ps_hand_over_uncaptured(struct task_struct *task, __u32 tid) {
-  struct ps_thread_state *ts = ps_cfg_task_storage
-                                   ? bpf_task_storage_get(&ps_thread_storage, task, 0, 0)
-                                   : bpf_map_lookup_elem(&ps_threads, &tid);
+  struct ps_thread_state *ts = ps_thread_state_of(task, tid);
   struct ps_control *ctl = ps_get_control();
   if (!ts || !ctl) return;
   const __u32 buf = ctl->active_buffer;

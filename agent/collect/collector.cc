@@ -101,6 +101,7 @@ void Collector::DrainBuffer(uint32_t index, WindowData* out) {
       u.process = proc::ProcessKey{k.tgid, k.tgid_start_ns, k.exec_id};
       u.thread_name.assign(v.comm, strnlen(v.comm, sizeof(v.comm)));
       u.ns[i] += v.ns;
+      u.known[i] = true;
       return;
     }
     OffCpuRecord r;
@@ -135,8 +136,8 @@ void Collector::ScanThreads(int64_t prev_ws, int64_t ws, uint32_t closed,
     return it != deferred_.end() && it->second == out ? out : std::max(out, prev);
   };
   // `weight`: times the interval counts (bpf/abi.h ps_offcpu_weight).
-  auto emit = [&](uint32_t tid, const ps_thread_state& ts, uint64_t from, uint64_t kstack,
-                  int32_t kerr, uint64_t ustack, int32_t uerr, uint32_t state, uint64_t weight) {
+  // Where the daemon's part ends: at `cur`, or where the thread was seen on a CPU since.
+  auto end_of = [&](uint32_t tid, const ps_thread_state& ts) {
     uint64_t to = cur;
     // Marked off-CPU at out_ns but seen running on a CPU since a later time: it came in by an
     // unreported switch (bpf/abi.h), so it was off-CPU only until then. A CPU record older than
@@ -144,6 +145,11 @@ void Collector::ScanThreads(int64_t prev_ws, int64_t ws, uint32_t closed,
     if (auto it = on_cpu.find(tid); it != on_cpu.end() && it->second >= ts.out_ns) {
       to = std::min(to, it->second);
     }
+    return to;
+  };
+  auto emit = [&](uint32_t tid, const ps_thread_state& ts, uint64_t from, uint64_t kstack,
+                  int32_t kerr, uint64_t ustack, int32_t uerr, uint32_t state, uint64_t weight) {
+    const uint64_t to = end_of(tid, ts);
     if (to <= from) return;
     OffCpuRecord r;
     r.process = proc::ProcessKey{ts.tgid, ts.tgid_start_ns, ts.exec_id};
@@ -153,6 +159,10 @@ void Collector::ScanThreads(int64_t prev_ws, int64_t ws, uint32_t closed,
     r.state = state;
     r.ns = (to - from) * weight;
     r.count = weight;
+    if (weight > 1) {  // only at the final boundary: a weight final at a boundary is 1 (abi.h)
+      r.sampled_ns = r.ns;
+      r.sampled_raw_ns = to - from;
+    }
     out->offcpu.push_back(std::move(r));
   };
   uint64_t entries = 0;
@@ -163,7 +173,10 @@ void Collector::ScanThreads(int64_t prev_ws, int64_t ws, uint32_t closed,
       Uncaptured& mine = uncaptured_[tid];
       mine.process = proc::ProcessKey{ts.tgid, ts.tgid_start_ns, ts.exec_id};
       mine.thread_name.assign(ts.comm, strnlen(ts.comm, sizeof(ts.comm)));
-      for (int i = 0; i < 3; ++i) mine.ns[i] += u.ns[i];
+      for (int i = 0; i < 3; ++i) {
+        mine.ns[i] += u.ns[i];
+        mine.known[i] = true;
+      }
     }
     if (ts.carry_ws_ns == cur) {
       // Ended after `cur`, its weight final at `cur` (BPF copies only such intervals).
@@ -185,6 +198,14 @@ void Collector::ScanThreads(int64_t prev_ws, int64_t ws, uint32_t closed,
         if (weight != 0) {
           emit(tid, ts, from_of(tid, ts.out_ns), ts.kernel_stack, ts.kernel_stack_err,
                ts.user_stack, ts.user_stack_err, ts.state, weight);
+        } else if (so_far >= options_.min_offcpu_ns) {
+          // The last boundary, stacks not captured: its length so far goes to the exact sum.
+          const uint32_t i = ts.state - PS_STATE_RUNNABLE;
+          auto it = uncaptured_.find(tid);
+          const uint64_t from = from_of(tid, ts.out_ns), to = end_of(tid, ts);
+          if (i < 3 && it != uncaptured_.end() && it->second.known[i] && to > from) {
+            it->second.ns[i] += to - from;
+          }
         }
       } else if (deferred.size() < PS_THREAD_MAP_ENTRIES) {
         deferred.emplace(tid, ts.out_ns);
@@ -208,21 +229,27 @@ void Collector::ExactOffCpuTotals(WindowData* out) {
   struct Sums {
     uint64_t sampled = 0;  // sum of the weighted intervals' ns * weight
     uint64_t exact = 0;    // their length once each, plus the uncaptured intervals'
+    uint64_t scaled = 0;   // of `sampled`, the part already scaled (so rounding sums to exact)
   };
   constexpr uint32_t kStates = 3;
   absl::flat_hash_map<uint64_t, Sums> by_thread_state;  // tid << 2 | (state - RUNNABLE)
   auto index = [](uint32_t tid, uint32_t state) {
     return uint64_t{tid} << 2 | ((state - PS_STATE_RUNNABLE) & 3);
   };
+  auto known = [&](uint32_t tid, uint32_t state) {
+    auto it = uncaptured.find(tid);
+    const uint32_t i = state - PS_STATE_RUNNABLE;
+    return it != uncaptured.end() && i < kStates && it->second.known[i];
+  };
   for (const OffCpuRecord& r : out->offcpu) {
-    if (r.sampled_ns == 0 || !uncaptured.contains(r.tid)) continue;
+    if (r.sampled_ns == 0 || !known(r.tid, r.state)) continue;
     Sums& s = by_thread_state[index(r.tid, r.state)];
     s.sampled += r.sampled_ns;
     s.exact += r.sampled_raw_ns;
   }
   for (const auto& [tid, u] : uncaptured) {
     for (uint32_t i = 0; i < kStates; ++i) {
-      if (u.ns[i] == 0) continue;
+      if (!u.known[i] || u.ns[i] == 0) continue;
       auto it = by_thread_state.find(index(tid, PS_STATE_RUNNABLE + i));
       if (it != by_thread_state.end()) {
         it->second.exact += u.ns[i];
@@ -245,10 +272,13 @@ void Collector::ExactOffCpuTotals(WindowData* out) {
   for (OffCpuRecord& r : out->offcpu) {
     if (r.sampled_ns == 0) continue;
     if (auto it = by_thread_state.find(index(r.tid, r.state)); it != by_thread_state.end()) {
-      const Sums& s = it->second;
-      const auto scaled =
-          static_cast<uint64_t>(static_cast<unsigned __int128>(r.sampled_ns) * s.exact / s.sampled);
-      r.ns = r.ns - r.sampled_ns + scaled;
+      Sums& s = it->second;
+      auto part = [&](uint64_t upto) {
+        return static_cast<uint64_t>(static_cast<unsigned __int128>(upto) * s.exact / s.sampled);
+      };
+      const uint64_t before = part(s.scaled);
+      s.scaled += r.sampled_ns;
+      r.ns = r.ns - r.sampled_ns + (part(s.scaled) - before);
     }
     r.sampled_ns = 0;
     r.sampled_raw_ns = 0;

@@ -812,8 +812,8 @@ TEST_CASE("collector: sampled off-CPU intervals are scaled to the thread's exact
   // stacks were sampled, plus one exact 5 ms interval. Captured: 45 us under stack P and 60 us
   // under stack Q, each counting 10 times (1.05 ms estimated); not captured: 895 us, summed by
   // BPF in the thread's slot for buffer 0 (bpf/abi.h ps_uncaptured). So P and Q are scaled by
-  // 1 ms / 1.05 ms to 428'571 and 571'428 ns (rounded down), the exact interval stays, and the
-  // thread's sleeping total is 5'999'999 ns (1 ns lost to rounding). It also waited runnable
+  // 1 ms / 1.05 ms to 428'571 and 571'429 ns (rounded so that they sum to 1 ms), the exact
+  // interval stays, and the thread's sleeping total is 6'000'000 ns. It also waited runnable
   // 7 us, none of it captured: that comes under uncaptured stacks. Thread 12 has a sampled
   // record but no sums (its slot is of another window): its estimate stays as it is.
   FakeMapReader maps;
@@ -843,7 +843,7 @@ TEST_CASE("collector: sampled off-CPU intervals are scaled to the thread's exact
 
   WindowData w = collector.Collect(kT1, kT2, 0, false);
   CHECK(OffCpuNsUnder(w, 11, 0x1000) == 428'571);
-  CHECK(OffCpuNsUnder(w, 11, 0x2000) == 571'428);
+  CHECK(OffCpuNsUnder(w, 11, 0x2000) == 571'429);
   CHECK(OffCpuNsUnder(w, 11, 0x3000) == 5'000'000);
   uint64_t runnable = 0, sleeping = 0;
   for (const OffCpuRecord& r : OffCpuOf(w, 11)) {
@@ -856,9 +856,31 @@ TEST_CASE("collector: sampled off-CPU intervals are scaled to the thread's exact
       CHECK(r.thread_name == "worker");
     }
   }
-  CHECK(sleeping == 5'999'999);
+  CHECK(sleeping == 6'000'000);
   CHECK(runnable == 7'000);
   CHECK(OffCpuNs(w, 12) == 120'000);
+
+  // Window 2 fills buffer 1: its slot is uncaptured[1]. 40 us captured under P counting 5 times
+  // and 160 us not captured: 200 us in all, all under P.
+  maps.buffers[1].offcpu.push_back(Weighted(11, kP, 40'000, 5, 1));
+  t11.uncaptured[1] = {};
+  t11.uncaptured[1].ws_ns = kT2;
+  t11.uncaptured[1].ns[PS_STATE_SLEEPING - PS_STATE_RUNNABLE] = 160'000;
+  maps.threads[11] = t11;
+  WindowData w2 = collector.Collect(kT2, kT3, 1, false);
+  CHECK(OffCpuNs(w2, 11) == 200'000);
+
+  // The last window (buffer 0, final): 10 us captured counting 5 times; 30 us not captured;
+  // and the thread is off-CPU since 3.9999 s in an interval captured with weight 10 (100 us so
+  // far, under PS_EXACT_OFFCPU_NS), cut at the end by its weight so far and then scaled: 140 us.
+  maps.buffers[0].offcpu.push_back(Weighted(11, kP, 10'000, 5, 1));
+  ps_thread_state t11_last = SwitchedOut(kProcA, kT4 - 100'000, 0, kP);
+  t11_last.stack_weight = 10;
+  t11_last.uncaptured[0].ws_ns = kT3;
+  t11_last.uncaptured[0].ns[PS_STATE_SLEEPING - PS_STATE_RUNNABLE] = 30'000;
+  maps.threads[11] = t11_last;
+  WindowData w3 = collector.Collect(kT3, kT4, 0, true);
+  CHECK(OffCpuNs(w3, 11) == 140'000);
 }
 
 TEST_CASE("collector: an exited thread's uncaptured sums come as records and are not profiled",
@@ -867,6 +889,8 @@ TEST_CASE("collector: an exited thread's uncaptured sums come as records and are
   // PS_ERR_UNCAPTURED_SUM records, 900 us sleeping and 0 in the other states. Its captured
   // intervals, 100 us counting 5 times, are scaled to 100 us + 900 us. Thread 14 also exited,
   // with every sampled interval captured (its sums all 0): its 50 us counting 3 times are 50 us.
+  // Thread 15's records of two states were lost (a full map): its runnable intervals keep their
+  // weighted figure, 20 us counting 4 times, and its sleeping ones are scaled.
   FakeMapReader maps;
   Collector collector(&maps, {});
   constexpr uint64_t kP = 0x7070;
@@ -884,7 +908,20 @@ TEST_CASE("collector: an exited thread's uncaptured sums come as records and are
       maps.buffers[0].offcpu.push_back(rec);
     }
   }
+  maps.buffers[0].offcpu.push_back(Weighted(15, kP, 100'000, 5, 1));
+  maps.buffers[0].offcpu.push_back(Weighted(15, kP, 20'000, 4, 1, PS_STATE_RUNNABLE));
+  auto sum15 = Weighted(15, 0, 400'000, 1, 1);
+  sum15.first.kernel_stack = 0;
+  sum15.first.user_stack_err = PS_ERR_UNCAPTURED_SUM;
+  sum15.first.kernel_stack_err = PS_ERR_UNCAPTURED_SUM;
+  maps.buffers[0].offcpu.push_back(sum15);
   WindowData w = collector.Collect(kT1, kT2, 0, false);
+  uint64_t sleeping15 = 0, runnable15 = 0;
+  for (const OffCpuRecord& r : OffCpuOf(w, 15)) {
+    (r.state == PS_STATE_RUNNABLE ? runnable15 : sleeping15) += r.ns;
+  }
+  CHECK(sleeping15 == 500'000);
+  CHECK(runnable15 == 80'000);
   REQUIRE(OffCpuOf(w, 13).size() == 1);
   CHECK(OffCpuOf(w, 13)[0].ns == 1'000'000);
   REQUIRE(OffCpuOf(w, 14).size() == 1);
