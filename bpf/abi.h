@@ -115,9 +115,12 @@ PS_STATIC_ASSERT(sizeof(struct ps_oncpu_value) == 32, "ps_oncpu_value layout");
  * sleeping thread's kernel stack at switch-in instead. */
 #define PS_ERR_NOT_CAPTURED (-100001)
 
-/* Not a stack: a ps_offcpu<N> record with this as both stack errors (and stacks 0) carries an
- * exiting thread's ps_uncaptured sum for one state of the window (ps_offcpu_value.ns), which its
- * state, freed with the thread, can no longer give the daemon (sched.bpf.c ps_on_exit). */
+/* Not a stack: a ps_offcpu<N> record with this as both stack errors (stacks 0, state 0) carries
+ * an exiting thread's ps_uncaptured sums of the window, which its state, freed with the thread,
+ * can no longer give the daemon (sched.bpf.c ps_hand_over_uncaptured): one key for the three
+ * states, in ps_offcpu_value's fields ns (runnable), sampled_ns (sleeping) and sampled_raw_ns
+ * (uninterruptible). Written only when the sums reach PS_EXACT_OFFCPU_NS: each key is taken
+ * from the window's buffer, which process churn fills with real intervals. */
 #define PS_ERR_UNCAPTURED_SUM (-100002)
 
 /* Off-CPU stack sampling (--off-cpu-stack-rate R): walking two stacks is ~90% of the cost of a
@@ -251,9 +254,10 @@ PS_STATIC_ASSERT(sizeof(struct ps_user_memo) == 88, "ps_user_memo layout");
  * the next flip. A program that read the old buffer and then the new window start (between the
  * daemon's two stores at a flip) resets the closed buffer's slot: the daemon then finds it of
  * another window and keeps that thread's weighted figures for the window (nothing is counted
- * twice). A thread that exits hands its current slot to the daemon as PS_ERR_UNCAPTURED_SUM
- * records. Only intervals BPF counts whole are added: one closed at an estimated switch-in before
- * the window start (abi.h ps_cpu_state) was cut there by the daemon. */
+ * twice). A thread that exits hands its current slot to the daemon as a PS_ERR_UNCAPTURED_SUM
+ * record when the sums reach PS_EXACT_OFFCPU_NS (else it keeps its weighted figures). Only
+ * intervals BPF counts whole are added: one closed at an estimated switch-in before the window
+ * start (abi.h ps_cpu_state) was cut there by the daemon. */
 struct ps_uncaptured {
   __u64 ws_ns; /* window start the sums are of (0: none yet) */
   __u64 ns[3]; /* by state: [PS_STATE_RUNNABLE - 1], [_SLEEPING - 1], [_UNINTERRUPTIBLE - 1] */

@@ -94,14 +94,15 @@ void Collector::DrainBuffer(uint32_t index, WindowData* out) {
   if (!options_.sched) return;
 
   maps_->DrainOffCpu(index, [&](const ps_offcpu_key& k, const ps_offcpu_value& v) {
-    if (k.user_stack_err == PS_ERR_UNCAPTURED_SUM) {
-      const uint32_t i = k.state - PS_STATE_RUNNABLE;
-      if (i >= 3) return;
+    if (k.user_stack_err == PS_ERR_UNCAPTURED_SUM) {  // an exited thread's sums, by state
       Uncaptured& u = uncaptured_[k.tid];
       u.process = proc::ProcessKey{k.tgid, k.tgid_start_ns, k.exec_id};
       u.thread_name.assign(v.comm, strnlen(v.comm, sizeof(v.comm)));
-      u.ns[i] += v.ns;
-      u.known[i] = true;
+      const uint64_t by_state[3] = {v.ns, v.sampled_ns, v.sampled_raw_ns};
+      for (int i = 0; i < 3; ++i) {
+        u.ns[i] += by_state[i];
+        u.known[i] = true;
+      }
       return;
     }
     OffCpuRecord r;

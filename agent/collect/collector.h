@@ -71,7 +71,7 @@ class Collector {
     std::string thread_name;
     uint64_t ns[3] = {0, 0, 0};  // by state - PS_STATE_RUNNABLE
     // The sum of that state is known: the thread's slot was of this window, or its exit handed
-    // that state's sum over (one record per state, each of which may have been lost).
+    // the sums over (bpf/abi.h PS_ERR_UNCAPTURED_SUM).
     bool known[3] = {false, false, false};
   };
   void ScanThreads(int64_t prev_ws, int64_t ws, uint32_t closed,
@@ -81,11 +81,11 @@ class Collector {
   // weight 0 are known (uncaptured_): the intervals that counted more than once
   // (OffCpuRecord::sampled_ns) are scaled so that they sum to their own length plus those, a
   // ratio estimate. The total is then measured; only its split across stacks is sampled. Where
-  // no interval counted more than once, the sum is added under uncaptured stacks. A thread and
-  // state without a known sum (a thread that exited between a flip and the scan, a lost record)
-  // keeps its weighted, unbiased figures. Sums are by tid: a tid reused within a window, or a
-  // non-leader thread's exec (it takes the leader's tid, kernel/exec.c de_thread), can mix two
-  // threads' figures there.
+  // no interval counted more than once, the sum is added under uncaptured stacks. A thread
+  // without known sums (one that exited with under PS_EXACT_OFFCPU_NS of them, or between a flip
+  // and the scan, or whose record was lost) keeps its weighted, unbiased figures. Sums are by tid:
+  // a tid reused within a window, or a non-leader thread's exec (it takes the leader's tid,
+  // kernel/exec.c de_thread), can mix two threads' figures there.
   void ExactOffCpuTotals(WindowData* out);
   // Adds the on-CPU time of the tasks running at the boundary; fills *on_cpu.
   void ScanCpus(int64_t prev_ws, int64_t ws, absl::flat_hash_map<uint32_t, uint64_t>* on_cpu,

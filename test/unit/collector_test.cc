@@ -883,14 +883,14 @@ TEST_CASE("collector: sampled off-CPU intervals are scaled to the thread's exact
   CHECK(OffCpuNs(w3, 11) == 140'000);
 }
 
-TEST_CASE("collector: an exited thread's uncaptured sums come as records and are not profiled",
+TEST_CASE("collector: an exited thread's uncaptured sums come as a record and are not profiled",
           "[collect]") {
-  // Ground truth, window 1: thread 13 exited; ps_hand_over_uncaptured wrote its sums as
-  // PS_ERR_UNCAPTURED_SUM records, 900 us sleeping and 0 in the other states. Its captured
-  // intervals, 100 us counting 5 times, are scaled to 100 us + 900 us. Thread 14 also exited,
-  // with every sampled interval captured (its sums all 0): its 50 us counting 3 times are 50 us.
-  // Thread 15's records of two states were lost (a full map): its runnable intervals keep their
-  // weighted figure, 20 us counting 4 times, and its sleeping ones are scaled.
+  // Ground truth, window 1: thread 13 exited; ps_hand_over_uncaptured wrote its sums as one
+  // PS_ERR_UNCAPTURED_SUM record (runnable in ns, sleeping in sampled_ns, uninterruptible in
+  // sampled_raw_ns): 300 us runnable, 1.9 ms sleeping. Its captured sleeping intervals, 100 us
+  // counting 5 times, are scaled to 100 us + 1.9 ms; its runnable time, none of it captured,
+  // comes under uncaptured stacks. Thread 14 exited with under PS_EXACT_OFFCPU_NS of sums, so BPF
+  // wrote none: its 50 us counting 3 times stay 150 us.
   FakeMapReader maps;
   Collector collector(&maps, {});
   constexpr uint64_t kP = 0x7070;
@@ -898,34 +898,25 @@ TEST_CASE("collector: an exited thread's uncaptured sums come as records and are
   maps.buffers[0].stacks[kP] = Stack({0x1000});
   maps.buffers[0].offcpu.push_back(Weighted(13, kP, 100'000, 5, 1));
   maps.buffers[0].offcpu.push_back(Weighted(14, kP, 50'000, 3, 1));
-  for (uint32_t tid : {13u, 14u}) {
-    for (uint32_t state : {PS_STATE_RUNNABLE, PS_STATE_SLEEPING, PS_STATE_UNINTERRUPTIBLE}) {
-      auto rec =
-          Weighted(tid, 0, tid == 13 && state == PS_STATE_SLEEPING ? 900'000 : 0, 1, 1, state);
-      rec.first.kernel_stack = 0;
-      rec.first.user_stack_err = PS_ERR_UNCAPTURED_SUM;
-      rec.first.kernel_stack_err = PS_ERR_UNCAPTURED_SUM;
-      maps.buffers[0].offcpu.push_back(rec);
-    }
-  }
-  maps.buffers[0].offcpu.push_back(Weighted(15, kP, 100'000, 5, 1));
-  maps.buffers[0].offcpu.push_back(Weighted(15, kP, 20'000, 4, 1, PS_STATE_RUNNABLE));
-  auto sum15 = Weighted(15, 0, 400'000, 1, 1);
-  sum15.first.kernel_stack = 0;
-  sum15.first.user_stack_err = PS_ERR_UNCAPTURED_SUM;
-  sum15.first.kernel_stack_err = PS_ERR_UNCAPTURED_SUM;
-  maps.buffers[0].offcpu.push_back(sum15);
+  auto sums = Weighted(13, 0, 0, 1, 1, 0);
+  sums.first.kernel_stack = 0;
+  sums.first.user_stack_err = PS_ERR_UNCAPTURED_SUM;
+  sums.first.kernel_stack_err = PS_ERR_UNCAPTURED_SUM;
+  sums.second.ns = 300'000;
+  sums.second.sampled_ns = 1'900'000;
+  sums.second.sampled_raw_ns = 0;
+  maps.buffers[0].offcpu.push_back(sums);
   WindowData w = collector.Collect(kT1, kT2, 0, false);
-  uint64_t sleeping15 = 0, runnable15 = 0;
-  for (const OffCpuRecord& r : OffCpuOf(w, 15)) {
-    (r.state == PS_STATE_RUNNABLE ? runnable15 : sleeping15) += r.ns;
+  uint64_t sleeping = 0, runnable = 0;
+  for (const OffCpuRecord& r : OffCpuOf(w, 13)) {
+    (r.state == PS_STATE_RUNNABLE ? runnable : sleeping) += r.ns;
+    CHECK(r.state != 0);
   }
-  CHECK(sleeping15 == 500'000);
-  CHECK(runnable15 == 80'000);
-  REQUIRE(OffCpuOf(w, 13).size() == 1);
-  CHECK(OffCpuOf(w, 13)[0].ns == 1'000'000);
+  CHECK(OffCpuOf(w, 13).size() == 2);
+  CHECK(sleeping == 2'000'000);
+  CHECK(runnable == 300'000);
   REQUIRE(OffCpuOf(w, 14).size() == 1);
-  CHECK(OffCpuOf(w, 14)[0].ns == 50'000);
+  CHECK(OffCpuOf(w, 14)[0].ns == 150'000);
 }
 
 TEST_CASE("collector: the final window drains both buffers", "[collect]") {
