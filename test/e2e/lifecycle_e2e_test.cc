@@ -457,8 +457,9 @@ TEST_CASE("lifecycle e2e: short-lived processes are symbolized", "[root][e2e]") 
   // Not over every user sample of the children: ld.so starting a 20 ms process, execve, the
   // kernel tearing it down in exit_group and the pre-exec image take 3-5% of them here
   // (measured), and none of that is short_lived_burn.
-  // What remains is the program's own run, where only main's few calls around the burn and
-  // exit() are not. The issue asks 0.99. Samples in libc or the vDSO need libc's unwind table
+  // What remains is the program's own run, where only __libc_start_main's set-up and exit()
+  // are not (main makes no libc call before the burn: test/workloads/lifecycle.c). The issue
+  // asks 0.99. Samples in libc or the vDSO need libc's unwind table
   // to reach short_lived_burn, and libc is mapped by ld.so after the exec event: the exec
   // snapshot is taken again 1-4 ms later (UnwindService's follow-ups) so that libc's table is
   // in place before most first samples (0.986-0.996 without them, 0.999 with).

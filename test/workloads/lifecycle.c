@@ -116,8 +116,25 @@ static int spawn(int n, const char* ms) {
   return 0;
 }
 
+// Argument handling without libc calls: a child's run before its burn is then its own code
+// only. With atol and strcmp there, the first call of each (lazy PLT binding, first touch of
+// their pages and of the locale tables) took 0.3% of a 20 ms child's samples here and 0.8% on
+// a fresh machine: real time outside the burn, which the short-lived test counts against the
+// burn's share (it asks 99%) although the profiler placed it right.
+static int same(const char* a, const char* b) {
+  while (*a != '\0' && *a == *b) a++, b++;
+  return *a == *b;
+}
+
+// The non-negative decimal `s` (digits only; stops at the first other character).
+static long parse_long(const char* s) {
+  long v = 0;
+  for (; *s >= '0' && *s <= '9'; s++) v = v * 10 + (*s - '0');
+  return v;
+}
+
 int main(int argc, char** argv) {
-  if (argc != 3 && !(argc == 4 && strcmp(argv[1], "spawn") == 0)) {
+  if (argc != 3 && !(argc == 4 && same(argv[1], "spawn"))) {
     fprintf(stderr,
             "usage: lifecycle spawn N MS | child MS | exec MS | second MS | burn_a MS | "
             "burn_b MS\n");
@@ -125,21 +142,21 @@ int main(int argc, char** argv) {
   }
   const char* mode = argv[1];
   const char* ms_arg = argv[argc - 1];
-  long ms = atol(ms_arg);
-  if (strcmp(mode, "spawn") == 0) return spawn(atoi(argv[2]), ms_arg);
-  if (strcmp(mode, "child") == 0) {
+  long ms = parse_long(ms_arg);
+  if (same(mode, "spawn")) return spawn((int)parse_long(argv[2]), ms_arg);
+  if (same(mode, "child")) {
     short_lived_burn(ms);
-  } else if (strcmp(mode, "exec") == 0) {
+  } else if (same(mode, "exec")) {
     printf("%d\n", (int)getpid());
     fflush(stdout);
     first_image_burn(ms);
     exec_self("second", ms_arg);
     return 1;
-  } else if (strcmp(mode, "second") == 0) {
+  } else if (same(mode, "second")) {
     second_image_burn(ms);
-  } else if (strcmp(mode, "burn_a") == 0) {
+  } else if (same(mode, "burn_a")) {
     program_a_burn(ms);
-  } else if (strcmp(mode, "burn_b") == 0) {
+  } else if (same(mode, "burn_b")) {
     program_b_burn(ms);
   } else {
     fprintf(stderr, "lifecycle: unknown mode %s\n", mode);
