@@ -170,6 +170,11 @@ struct Image {
   int64_t startup = 0;
   int64_t in_execve = 0;
   int64_t in_exit = 0;
+  // The C runtime around main, by a complete stack (it reaches _start) with no main frame and
+  // no frame of the program's own file but the C runtime's (IsCrtFrame): __libc_start_main
+  // setting up before main, exit()'s handlers after main returned. Not the program's code, like
+  // ld.so's start-up; a stack the walker cut short (no _start) is never counted here.
+  int64_t runtime = 0;
   // Of the user samples with `focus` among their frames: those whose every user frame lies in
   // a Mapping (the image snapshot knew the address), and those whose stack reaches _start.
   int64_t focus_mapped = 0;
@@ -185,12 +190,26 @@ struct Image {
     return it == fn.end() ? 0 : it->second;
   }
   bool Has(const std::string& f) const { return With(f) > 0; }
-  // User samples that the program's own code ran: all but start-up, execve and teardown.
-  int64_t program_samples() const { return user_samples - startup - in_execve - in_exit; }
+  // User samples that the program's own code ran: all but start-up, execve, the C runtime
+  // around main and teardown.
+  int64_t program_samples() const { return user_samples - startup - in_execve - in_exit - runtime; }
 };
 
 bool IsLoader(const std::string& file) {
   return absl::StartsWith(std::filesystem::path(file).filename().string(), "ld-linux");
+}
+
+// Functions the C runtime links into every gcc-built program (crt1.o, crti.o, crtbegin.o):
+// the entry point, and what runs constructors and destructors around main.
+bool IsCrtFunction(const std::string& fn) {
+  static const std::set<std::string> kCrt = {"_start",
+                                             "_init",
+                                             "_fini",
+                                             "__do_global_dtors_aux",
+                                             "frame_dummy",
+                                             "register_tm_clones",
+                                             "deregister_tm_clones"};
+  return kCrt.count(fn) > 0;
 }
 
 // Every image of pid (its process_cpu-* profiles, grouped by directory), classified against
@@ -210,6 +229,8 @@ std::vector<Image> Images(const std::string& out_dir, int pid, const std::string
       im.samples += v;
       std::set<std::string> names;
       bool user = false, all_mapped = true, execve = false, exiting = false;
+      // Every user frame in the C runtime (a shared library's, or the program's crt code).
+      bool crt_only = true;
       std::string outermost_file;
       for (uint64_t id : s.location_ids) {
         auto it = p.locations.find(id);
@@ -231,6 +252,10 @@ std::vector<Image> Images(const std::string& out_dir, int pid, const std::string
                                          : p.mapping_files.find(it->second.mapping_id);
         if (m == p.mapping_files.end()) all_mapped = false;
         outermost_file = m == p.mapping_files.end() ? "" : m->second;
+        const bool own_file =
+            m != p.mapping_files.end() && std::filesystem::path(m->second).filename() ==
+                                              std::filesystem::path(Lifecycle()).filename();
+        if (m == p.mapping_files.end() || (own_file && !IsCrtFunction(fn))) crt_only = false;
       }
       if (!user) continue;
       im.user_samples += v;
@@ -254,6 +279,8 @@ std::vector<Image> Images(const std::string& out_dir, int pid, const std::string
         im.in_exit += v;
       } else if (IsLoader(outermost_file)) {
         im.startup += v;
+      } else if (crt_only && names.count("_start") && !names.count("main")) {
+        im.runtime += v;
       } else {
         im.others[DescribeUser(p, s)] += v;
       }
@@ -399,6 +426,7 @@ TEST_CASE("lifecycle e2e: short-lived processes are symbolized", "[root][e2e]") 
   int64_t program = 0;        // user samples of the burning images, start-up and execve excluded
   // User samples of the burning images: ld.so start-up, execve, exit_group teardown.
   int64_t startup = 0, in_execve = 0, in_exit = 0;
+  int64_t runtime = 0;                 // ... the C runtime before main and after it returned
   int64_t all_user = 0;                // user samples of every image of the children
   int64_t other_user = 0;              // user samples of the other images (pre-exec ones)
   int without_dir = 0, extra_dirs = 0;
@@ -422,6 +450,7 @@ TEST_CASE("lifecycle e2e: short-lived processes are symbolized", "[root][e2e]") 
       startup += im.startup;
       in_execve += im.in_execve;
       in_exit += im.in_exit;
+      runtime += im.runtime;
       for (const auto& [d, v] : im.others) others[d] += v;
       for (const auto& [d, v] : im.focus_unmapped) unmapped[d] += v;
       for (const auto& [d, v] : im.focus_cut) cut[d] += v;
@@ -442,8 +471,8 @@ TEST_CASE("lifecycle e2e: short-lived processes are symbolized", "[root][e2e]") 
                       << "\n  short_lived_burn in " << burn << " of " << program
                       << " user samples of the burning images = " << Ratio(burn, program)
                       << " (expected ~" << expected << " samples; not counted: " << startup
-                      << " in ld.so start-up, " << in_execve << " inside execve, " << in_exit
-                      << " inside exit_group)"
+                      << " in ld.so start-up, " << in_execve << " inside execve, " << runtime
+                      << " in the C runtime around main, " << in_exit << " inside exit_group)"
                       << "\n  over every user sample of the children: " << burn << "/" << all_user
                       << " = " << Ratio(burn, all_user) << " (" << other_user
                       << " in images without it)"
@@ -461,15 +490,21 @@ TEST_CASE("lifecycle e2e: short-lived processes are symbolized", "[root][e2e]") 
   CHECK(problems.empty());
   REQUIRE(burn >= expected / 2);
   // Not over every user sample of the children: ld.so starting a 20 ms process, execve, the
-  // kernel tearing it down in exit_group and the pre-exec image take 3-5% of them here
-  // (measured), and none of that is short_lived_burn.
-  // What remains is the program's own run, where only __libc_start_main's set-up and exit()
-  // are not (main makes no libc call before the burn: test/workloads/lifecycle.c). The issue
-  // asks 0.99. Samples in libc or the vDSO need libc's unwind table
-  // to reach short_lived_burn, and libc is mapped by ld.so after the exec event: the exec
-  // snapshot is taken again 1-4 ms later (UnwindService's follow-ups) so that libc's table is
-  // in place before most first samples (0.986-0.996 without them, 0.999 with).
+  // C runtime around main, the kernel tearing it down in exit_group and the pre-exec image take
+  // 3-5% of them here (measured), and none of that is short_lived_burn.
+  // What remains is the program's own run: main, which makes no libc call before the burn
+  // (test/workloads/lifecycle.c), and what it calls. The issue asks 0.99. The C runtime was
+  // counted in it until the clean-clone CI of ce5b676: with 200 other processes waking 2000
+  // times a second on the host, __libc_start_main's set-up (__cxa_atexit, _start) and exit()'s
+  // handlers took 13 of 1003 samples (0.987), every stack complete and every frame named; 3-5
+  // on a quiet host. Samples in libc or the vDSO need libc's unwind table to reach
+  // short_lived_burn, and libc is mapped by ld.so after the exec event: the exec snapshot is
+  // taken again 1-4 ms later (UnwindService's follow-ups) so that libc's table is in place
+  // before most first samples (0.986-0.996 without them, 0.999 with).
   CHECK(Ratio(burn, program) >= 0.99);
+  // The C runtime class holds complete stacks only, outside main: it cannot hide a burn sample
+  // (those have main and short_lived_burn), and it stays small (0.3-1.2% measured).
+  CHECK(Ratio(runtime, burn) <= 0.03);
   // Symbolized means placed: the image snapshot holds every mapping the stacks went through
   // (libc's included, which ld.so maps after the exec).
   CHECK(Ratio(burn_mapped, burn) >= 0.99);
