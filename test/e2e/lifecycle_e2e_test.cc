@@ -65,7 +65,8 @@ class Agent {
              "--output-max-new-processes=1000000",
              "--output-dir=" + out_dir};
     // PS_TEST_AGENT_STDERR=FILE: the agent logs at debug level and Stop() writes its stderr
-    // there, appended (for chasing a rare failure; the default run is as a user runs it).
+    // there, appended (for chasing a rare failure; without it the agent logs at its default
+    // level).
     if (const char* f = getenv("PS_TEST_AGENT_STDERR"); f != nullptr && *f != 0) {
       stderr_file_ = f;
       argv_.push_back("--log-level=debug");
@@ -170,16 +171,20 @@ struct Image {
   int64_t startup = 0;
   int64_t in_execve = 0;
   int64_t in_exit = 0;
-  // The C runtime around main, by a complete stack (it reaches _start) with no main frame and
-  // no frame of the program's own file but the C runtime's (IsCrtFrame): __libc_start_main
-  // setting up before main, exit()'s handlers after main returned. Not the program's code, like
-  // ld.so's start-up; a stack the walker cut short (no _start) is never counted here.
+  // The C runtime around main: __libc_start_main setting up before main, exit()'s handlers
+  // after main returned. Not the program's code, like ld.so's start-up. Counted here only for a
+  // complete stack (its _start in the program's own file) with no main frame, whose every other
+  // frame is in libc or ld.so, or is one of the program's crt functions (IsCrtFunction), and
+  // none in the vDSO or a clock read (which only the burn's clock checks call). A stack the
+  // walker cut short is never counted here; one it completed wrongly through a frame-pointer
+  // guess could be, only from inside libc or ld.so.
   int64_t runtime = 0;
+  std::map<std::string, int64_t> runtime_stacks;  // those samples, by DescribeUser
   // Of the user samples with `focus` among their frames: those whose every user frame lies in
   // a Mapping (the image snapshot knew the address), and those whose stack reaches _start.
   int64_t focus_mapped = 0;
   int64_t focus_to_start = 0;
-  // The rest (neither `focus`, nor start-up, nor execve), by DescribeUser.
+  // The rest (not `focus`, start-up, execve, the C runtime or exit_group), by DescribeUser.
   std::map<std::string, int64_t> others;
   // Samples with `focus` and a user frame outside every Mapping, by DescribeUser.
   std::map<std::string, int64_t> focus_unmapped;
@@ -229,8 +234,9 @@ std::vector<Image> Images(const std::string& out_dir, int pid, const std::string
       im.samples += v;
       std::set<std::string> names;
       bool user = false, all_mapped = true, execve = false, exiting = false;
-      // Every user frame in the C runtime (a shared library's, or the program's crt code).
-      bool crt_only = true;
+      // Every user frame in the C runtime (libc's, ld.so's, or the program's crt code), and
+      // _start in the program's own file (so a file name that fails to match fails closed).
+      bool crt_only = true, start_in_program = false;
       std::string outermost_file;
       for (uint64_t id : s.location_ids) {
         auto it = p.locations.find(id);
@@ -252,10 +258,16 @@ std::vector<Image> Images(const std::string& out_dir, int pid, const std::string
                                          : p.mapping_files.find(it->second.mapping_id);
         if (m == p.mapping_files.end()) all_mapped = false;
         outermost_file = m == p.mapping_files.end() ? "" : m->second;
+        const std::string file =
+            m == p.mapping_files.end() ? "" : std::filesystem::path(m->second).filename().string();
         const bool own_file =
-            m != p.mapping_files.end() && std::filesystem::path(m->second).filename() ==
-                                              std::filesystem::path(Lifecycle()).filename();
-        if (m == p.mapping_files.end() || (own_file && !IsCrtFunction(fn))) crt_only = false;
+            !file.empty() && file == std::filesystem::path(Lifecycle()).filename().string();
+        if (own_file && fn == "_start") start_in_program = true;
+        const bool runtime_file = absl::StartsWith(file, "libc.so") || IsLoader(file);
+        if (own_file ? !IsCrtFunction(fn)
+                     : !runtime_file || absl::StrContains(fn, "clock_gettime")) {
+          crt_only = false;
+        }
       }
       if (!user) continue;
       im.user_samples += v;
@@ -279,8 +291,9 @@ std::vector<Image> Images(const std::string& out_dir, int pid, const std::string
         im.in_exit += v;
       } else if (IsLoader(outermost_file)) {
         im.startup += v;
-      } else if (crt_only && names.count("_start") && !names.count("main")) {
+      } else if (crt_only && start_in_program && !names.count("main")) {
         im.runtime += v;
+        im.runtime_stacks[DescribeUser(p, s)] += v;
       } else {
         im.others[DescribeUser(p, s)] += v;
       }
@@ -423,7 +436,7 @@ TEST_CASE("lifecycle e2e: short-lived processes are symbolized", "[root][e2e]") 
   int64_t burn = 0;           // user samples with short_lived_burn, all children
   int64_t burn_mapped = 0;    // ... whose every user frame lies in a Mapping
   int64_t burn_to_start = 0;  // ... whose stack reaches _start
-  int64_t program = 0;        // user samples of the burning images, start-up and execve excluded
+  int64_t program = 0;        // user samples of the burning images: their program_samples()
   // User samples of the burning images: ld.so start-up, execve, exit_group teardown.
   int64_t startup = 0, in_execve = 0, in_exit = 0;
   int64_t runtime = 0;                 // ... the C runtime before main and after it returned
@@ -431,7 +444,7 @@ TEST_CASE("lifecycle e2e: short-lived processes are symbolized", "[root][e2e]") 
   int64_t other_user = 0;              // user samples of the other images (pre-exec ones)
   int without_dir = 0, extra_dirs = 0;
   std::vector<std::string> problems;  // children without exactly one burning image
-  std::map<std::string, int64_t> others, unmapped, other_images, cut;
+  std::map<std::string, int64_t> others, unmapped, other_images, cut, runtime_stacks;
   for (int pid : pids) {
     std::vector<Image> images = Images(out.path(), pid, "short_lived_burn");
     int burning = 0;
@@ -451,6 +464,7 @@ TEST_CASE("lifecycle e2e: short-lived processes are symbolized", "[root][e2e]") 
       in_execve += im.in_execve;
       in_exit += im.in_exit;
       runtime += im.runtime;
+      for (const auto& [d, v] : im.runtime_stacks) runtime_stacks[d] += v;
       for (const auto& [d, v] : im.others) others[d] += v;
       for (const auto& [d, v] : im.focus_unmapped) unmapped[d] += v;
       for (const auto& [d, v] : im.focus_cut) cut[d] += v;
@@ -465,28 +479,28 @@ TEST_CASE("lifecycle e2e: short-lived processes are symbolized", "[root][e2e]") 
     }
   }
   const int64_t expected = int64_t(kChildren) * kMs * kHz / 1000;
-  FIGURES(
-      "short-lived: " << pids.size() << " children (" << without_dir << " without a profile, "
-                      << extra_dirs << " with a pre-exec image directory too)"
-                      << "\n  short_lived_burn in " << burn << " of " << program
-                      << " user samples of the burning images = " << Ratio(burn, program)
-                      << " (expected ~" << expected << " samples; not counted: " << startup
-                      << " in ld.so start-up, " << in_execve << " inside execve, " << runtime
-                      << " in the C runtime around main, " << in_exit << " inside exit_group)"
-                      << "\n  over every user sample of the children: " << burn << "/" << all_user
-                      << " = " << Ratio(burn, all_user) << " (" << other_user
-                      << " in images without it)"
-                      << "\n  short_lived_burn samples with every user frame in a Mapping: "
-                      << burn_mapped << "/" << burn << " = " << Ratio(burn_mapped, burn)
-                      << "; reaching _start: " << burn_to_start << "/" << burn << " = "
-                      << Ratio(burn_to_start, burn)
-                      << "\n  program samples without short_lived_burn:" << Top(others)
-                      << "\n  short_lived_burn samples with unmapped frames:" << Top(unmapped, 4)
-                      << "\n  short_lived_burn samples not reaching _start:" << Top(cut, 4)
-                      << "\n  samples of the other images (start-up and execve left out):"
-                      << Top(other_images, 8) << "\n  children without exactly one burning image: "
-                      << (problems.empty() ? "none" : absl::StrJoin(problems, "\n    "))
-                      << "\n  agent: " << agent.StoppedLine());
+  FIGURES("short-lived: "
+          << pids.size() << " children (" << without_dir << " without a profile, " << extra_dirs
+          << " with a pre-exec image directory too)"
+          << "\n  short_lived_burn in " << burn << " of " << program
+          << " user samples of the burning images = " << Ratio(burn, program) << " (expected ~"
+          << expected << " samples; not counted: " << startup << " in ld.so start-up, " << in_execve
+          << " inside execve, " << runtime << " in the C runtime around main, " << in_exit
+          << " inside exit_group)"
+          << "\n  over every user sample of the children: " << burn << "/" << all_user << " = "
+          << Ratio(burn, all_user) << " (" << other_user << " in images without it)"
+          << "\n  short_lived_burn samples with every user frame in a Mapping: " << burn_mapped
+          << "/" << burn << " = " << Ratio(burn_mapped, burn) << "; reaching _start: "
+          << burn_to_start << "/" << burn << " = " << Ratio(burn_to_start, burn)
+          << "\n  program samples without short_lived_burn:" << Top(others)
+          << "\n  samples in the C runtime around main (not counted):" << Top(runtime_stacks, 6)
+          << "\n  short_lived_burn samples with unmapped frames:" << Top(unmapped, 4)
+          << "\n  short_lived_burn samples not reaching _start:" << Top(cut, 4)
+          << "\n  samples of the other images (start-up, execve, the C runtime and "
+             "exit_group left out):"
+          << Top(other_images, 8) << "\n  children without exactly one burning image: "
+          << (problems.empty() ? "none" : absl::StrJoin(problems, "\n    "))
+          << "\n  agent: " << agent.StoppedLine());
   CHECK(problems.empty());
   REQUIRE(burn >= expected / 2);
   // Not over every user sample of the children: ld.so starting a 20 ms process, execve, the
@@ -502,9 +516,12 @@ TEST_CASE("lifecycle e2e: short-lived processes are symbolized", "[root][e2e]") 
   // taken again 1-4 ms later (UnwindService's follow-ups) so that libc's table is in place
   // before most first samples (0.986-0.996 without them, 0.999 with).
   CHECK(Ratio(burn, program) >= 0.99);
-  // The C runtime class holds complete stacks only, outside main: it cannot hide a burn sample
-  // (those have main and short_lived_burn), and it stays small (0.3-1.2% measured).
-  CHECK(Ratio(runtime, burn) <= 0.03);
+  // The C runtime class holds complete stacks outside main, through libc and ld.so only: a burn
+  // sample unwound right has main and short_lived_burn, and one whose walk a frame-pointer
+  // guess completed wrongly is there only if the guess began inside libc or ld.so outside a
+  // clock read (Image::runtime). The class stays small: 0.2-0.4% of the burn on a quiet host,
+  // 1.3% with the 200 processes above (measured); its stacks are printed above.
+  CHECK(Ratio(runtime, burn) <= 0.02);
   // Symbolized means placed: the image snapshot holds every mapping the stacks went through
   // (libc's included, which ld.so maps after the exec).
   CHECK(Ratio(burn_mapped, burn) >= 0.99);
