@@ -1119,6 +1119,18 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
     exporters.push_back(file_exporter.get());
   }
   if (pusher != nullptr) exporters.push_back(pusher.get());
+  // Process churn (export/file_exporter.h): when the files are the only output, the images the
+  // file exporter merges into DIR/overflow/ are built straight into one overflow group per
+  // part, not into a profile each that is then merged: under continuous churn (~6,500 merged
+  // images a window) the per-image builders, their wall copy and the merge took this thread
+  // 2.69 s of CPU in 45 s; 1.67 s without them. The group's profiles hold the same samples with
+  // the same labels (pid, process) as the merged ones (test/unit/profile_set_test.cc). A pusher
+  // or the summary needs each image's own profiles.
+  ProfileSet overflow_set(popts, &symbolizer, &processes);
+  const bool build_overflow =
+      file_exporter != nullptr && pusher == nullptr && !config.print_summary && command == nullptr;
+  ProfileOwner overflow_owner;
+  overflow_owner.group.kind = ProfileGroup::Kind::kOverflow;
 
   server::MetricsRegistry registry;
   AgentMetrics metrics(&registry, bpf.get());
@@ -1296,6 +1308,24 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
     int64_t wall_build = 0, wall_export = 0;
     const int64_t cpu_profiles0 = ThreadCpuNs();
     size_t profiles_this_window = 0;
+    // The overflow group's profiles, as one part (FileExporter::ExportMergedPart).
+    auto export_overflow = [&] {
+      const int64_t c0 = MonotonicNowNs();
+      std::vector<ProcessProfile> profiles = overflow_set.Finish(t0_unix_ns, duration_ns);
+      const int64_t c1 = MonotonicNowNs();
+      for (ProcessProfile& p : profiles) {
+        const size_t images = p.group_processes;
+        profiles_this_window += images;
+        if (absl::Status s = file_exporter->ExportMergedPart(std::move(p)); s.ok()) {
+          profiles_written += images;
+        } else {
+          export_errors += images;
+          export_log.Log(LogLevel::kWarning, "export failed: %s", s.ToString());
+        }
+      }
+      wall_build += c1 - c0;
+      wall_export += MonotonicNowNs() - c1;
+    };
     for (const auto& [key, index] : by_process) {
       if (!targets.empty() && !targets.Matches(key)) {
         // A process that got an exited target's pid before the filter dropped it: never
@@ -1308,6 +1338,19 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
       }
       if (!targeted(key)) continue;
       const int64_t c0 = MonotonicNowNs();
+      if (build_overflow && (!index.offcpu.empty() || !index.oncpu.empty()) &&
+          file_exporter->MergesProcess(key)) {
+        for (uint32_t i : index.offcpu) overflow_set.AddOffCpu(data->offcpu[i], &overflow_owner);
+        for (uint32_t i : index.oncpu) overflow_set.AddOnCpu(data->oncpu[i], &overflow_owner);
+        for (uint32_t i : index.runtime) {
+          overflow_set.AddRuntime(data->runtime[i], &overflow_owner);
+        }
+        wall_build += MonotonicNowNs() - c0;
+        // A part is written once it holds about as much as a merged part may (the bound of
+        // the window's overflow memory).
+        if (overflow_set.approx_bytes() >= FileExporter::kMaxMergedBytes) export_overflow();
+        continue;
+      }
       // Off-CPU first: the wall profile then starts as a copy of the off_cpu one.
       for (uint32_t i : index.offcpu) profile_set.AddOffCpu(data->offcpu[i], owner);
       for (uint32_t i : index.oncpu) profile_set.AddOnCpu(data->oncpu[i], owner);
@@ -1330,6 +1373,7 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
       wall_build += c1 - c0;
       wall_export += MonotonicNowNs() - c1;
     }
+    if (build_overflow) export_overflow();
     if (group_set != nullptr) {
       // The cgroups' latency profiles: parallelism counted over each cgroup (BPF keyed the
       // samples by its id), one group at a time.
@@ -1400,7 +1444,9 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
     symbolizer.EndWindow();
     if (labeler != nullptr) labeler->EndWindow();
     ++windows;
-    metrics.Update(profile_set.stats(), symbolizer.stats(), bpf->map_stats(), processes.size(),
+    ProfileStats profile_stats = profile_set.stats();
+    profile_stats += overflow_set.stats();
+    metrics.Update(profile_stats, symbolizer.stats(), bpf->map_stats(), processes.size(),
                    profiles_written, export_errors);
     metrics.UpdateProcesses(processes, symbolizer);
     metrics.SetWindowCpu(cpu_drained - cpu0, cpu_build, cpu_export);
@@ -1446,7 +1492,8 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
   }
   if (http != nullptr) http->Stop();
   BpfCounters c = bpf->Counters();
-  const ProfileStats& ps = profile_set.stats();
+  ProfileStats ps = profile_set.stats();
+  ps += overflow_set.stats();
   const SymbolizerStats& ss = symbolizer.stats();
   const BpfMapStats& ms = bpf->map_stats();
   const unwind::UnwindTableStats us = bpf->unwind_stats();

@@ -116,6 +116,16 @@ absl::Status FileExporter::MakeDir(const DirKey& key, const std::string& rel, bo
 bool FileExporter::ShouldMerge(const ProcessProfile& p, const DirKey& key) {
   // A group's profiles (a command-mode tree's) already carry pid and process labels.
   if (key.kind != DirKey::kProcess || p.group.is_group()) return false;
+  return MergesImage(key, p.process.tgid);
+}
+
+bool FileExporter::MergesProcess(const proc::ProcessKey& k) {
+  return MergesImage(
+      {uint64_t{k.tgid} << 32 | k.exec_id, proc::BootNsToTicks(k.start_boot_ns), DirKey::kProcess},
+      k.tgid);
+}
+
+bool FileExporter::MergesImage(const DirKey& key, uint32_t tgid) {
   if (!merge_decided_.empty()) {
     if (auto it = merge_decided_.find(key); it != merge_decided_.end()) return it->second;
   }
@@ -127,7 +137,7 @@ bool FileExporter::ShouldMerge(const ProcessProfile& p, const DirKey& key) {
   if (KnownDir(key)) return false;
   // Gone: kill(2) with signal 0 checks existence only; ESRCH names no process (a zombie still
   // counts as running, and so does a new process that got the pid: both only cost a directory).
-  const bool gone = kill(static_cast<pid_t>(p.process.tgid), 0) != 0 && errno == ESRCH;
+  const bool gone = kill(static_cast<pid_t>(tgid), 0) != 0 && errno == ESRCH;
   merge_decided_.emplace(key, gone);
   if (gone) merged_processes_.fetch_add(1, std::memory_order_relaxed);
   return gone;
@@ -172,16 +182,27 @@ absl::Status FileExporter::Export(const ProcessProfile& p) {
   return WriteProfile(dir_key, RelativeDirFor(p), p.type, p.profile);
 }
 
+std::string FileExporter::OverflowNote() const {
+  return absl::StrCat("parascope: processes that had exited when the window was written, past the ",
+                      max_new_processes_,
+                      " new process directories a window may make (--output-max-new-processes)");
+}
+
+absl::Status FileExporter::ExportMergedPart(ProcessProfile p) {
+  const uint32_t part = merges_[p.type].next_part++;
+  p.profile.add_string_table(OverflowNote());
+  p.profile.add_comment(p.profile.string_table_size() - 1);
+  merged_profiles_.fetch_add(p.group_processes, std::memory_order_relaxed);
+  return WriteProfile({part, 0, DirKey::kOverflow}, absl::StrCat("overflow/", part), p.type,
+                      p.profile);
+}
+
 absl::Status FileExporter::WriteMerged(const std::string& type) {
   Merge& m = merges_[type];
   if (m.merger.empty()) return absl::OkStatus();
   const uint32_t part = m.next_part++;
   const size_t profiles = m.merger.profiles();
-  const perftools::profiles::Profile merged = m.merger.Take(
-      absl::StrCat("parascope: processes that had exited when the window was written, past the ",
-                   max_new_processes_,
-                   " new process directories a window may make "
-                   "(--output-max-new-processes)"));
+  const perftools::profiles::Profile merged = m.merger.Take(OverflowNote());
   absl::Status s =
       WriteProfile({part, 0, DirKey::kOverflow}, absl::StrCat("overflow/", part), type, merged);
   if (!s.ok()) merged_lost_ += profiles;

@@ -18,6 +18,9 @@
 //   DIR/overflow/<part>/<type>-<t0 unix ms>.pb.gz
 // (agent/profile/profile_merge.h: each sample labelled with its pid and process name; part 0,
 // then 1, ... each time a part reaches kMaxMergedBytes), written when the window ends (Flush).
+// An agent whose only output is these files builds such images straight into one overflow
+// group instead (MergesProcess, ExportMergedPart; profile_set.h ProfileGroup::Kind::kOverflow):
+// the same samples and labels without a profile per image to build and merge.
 // An image merged in one window is merged in the next too (it ran across the boundary), so it
 // is found in one place. Processes still running always get their own directory, and so do
 // images written to in this window or the last (the directory cache below); one whose
@@ -85,6 +88,17 @@ class FileExporter : public Exporter {
   // when its part is full or by Flush, whose status reports a failure.
   absl::Status Export(const ProcessProfile& profile) override;
 
+  // True when the profiles of process image `key` go to DIR/overflow/ this window (header
+  // comment), as Export would decide for them; decided once per image and window, and counted
+  // in merged_processes then. For a caller that builds such images straight into one
+  // overflow group (ProfileGroup::Kind::kOverflow) instead of a profile each: call it before
+  // building the image, then export the group's profiles with ExportMergedPart.
+  bool MergesProcess(const proc::ProcessKey& key);
+  // Writes `profile`, an overflow group's profile of one type holding `group_processes` images,
+  // as the next DIR/overflow/<part>/ of its type, with the comment merged parts carry.
+  // Counted in merged_profiles (one per image). Errors: as Export's (nothing is pending).
+  absl::Status ExportMergedPart(ProcessProfile profile);
+
   // Estimated bytes (ProfileMerger::approx_bytes) at which a merged profile is written as one
   // part and the next part begun: bounds the memory of a window's merge to about this much a
   // profile type, plus the one profile that crossed it.
@@ -125,11 +139,15 @@ class FileExporter : public Exporter {
   // True when the profile goes to DIR/overflow/ (header comment); decided once per image and
   // window, so all its types go to one place.
   bool ShouldMerge(const ProcessProfile& profile, const DirKey& key);
+  // The decision for the image of `key` (a process's), whose process is `tgid`.
+  bool MergesImage(const DirKey& key, uint32_t tgid);
   // Writes `profile` as DIR/rel_dir/<type>-<t0>.pb.gz (made with `key`), through a .tmp file.
   absl::Status WriteProfile(const DirKey& key, const std::string& rel_dir, const std::string& type,
                             const perftools::profiles::Profile& profile);
   // Writes type's merged profile as the next part.
   absl::Status WriteMerged(const std::string& type);
+  // The comment that says why a merged part's processes have no directory of their own.
+  std::string OverflowNote() const;
 
   std::string dir_;
   int dir_fd_ = -1;  // DIR (O_PATH), opened at the first Export

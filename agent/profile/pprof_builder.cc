@@ -48,7 +48,10 @@ PprofBuilder PprofBuilder::ForkAs(const std::vector<ValueTypeSpec>& sample_types
 
 int64_t PprofBuilder::InternString(absl::string_view s) {
   auto [it, inserted] = strings_.try_emplace(s, profile_.string_table_size());
-  if (inserted) profile_.add_string_table(std::string(s));
+  if (inserted) {
+    profile_.add_string_table(std::string(s));
+    approx_bytes_ += 2 * s.size() + 64;  // the string, its table copy, their overheads
+  }
   return it->second;
 }
 
@@ -66,6 +69,7 @@ uint64_t PprofBuilder::AddMapping(const MappingSpec& m) {
   pm->set_filename(InternString(m.filename));
   pm->set_build_id(InternString(m.build_id));
   pm->set_has_functions(m.has_functions);
+  approx_bytes_ += key.size() + 128;
   mappings_.emplace(std::move(key), id);
   return id;
 }
@@ -80,6 +84,7 @@ uint64_t PprofBuilder::AddFunction(const FunctionSpec& f) {
   pf->set_name(InternString(f.name));
   pf->set_system_name(InternString(f.system_name));
   pf->set_filename(InternString(f.filename));
+  approx_bytes_ += key.size() + 96;
   functions_.emplace(std::move(key), id);
   return id;
 }
@@ -95,6 +100,7 @@ uint64_t PprofBuilder::AddLocation(uint64_t mapping_id, uint64_t address,
   pl->set_mapping_id(mapping_id);
   pl->set_address(address);
   for (uint64_t fid : function_ids) pl->add_line()->set_function_id(fid);
+  approx_bytes_ += 128 + 40 * function_ids.size();
   locations_.emplace(std::move(key), id);
   return id;
 }
@@ -120,6 +126,7 @@ uint64_t PprofBuilder::AddLocationLines(uint64_t mapping_id, uint64_t address,
     line->set_function_id(l.function_id);
     if (l.line > 0) line->set_line(l.line);
   }
+  approx_bytes_ += 128 + 56 * lines.size();
   locations_.emplace(std::move(key), id);
   return id;
 }
@@ -158,6 +165,7 @@ void PprofBuilder::AddSample(absl::Span<const uint64_t> location_ids,
       pl->set_str(InternString(l.str));
     }
   }
+  approx_bytes_ += key.size() + 96 + 8 * (location_ids.size() + num_values_) + 40 * labels.size();
   samples_.emplace(std::move(key), profile_.sample_size() - 1);
 }
 

@@ -103,10 +103,15 @@ class PprofBuilder {
     return it == frame_memo_.end() ? 0 : it->second;
   }
   void RememberLocation(uint64_t address, uint32_t kind, uint64_t location_id) {
-    frame_memo_.emplace(std::make_pair(address, kind), location_id);
+    if (frame_memo_.emplace(std::make_pair(address, kind), location_id).second) {
+      approx_bytes_ += 40;
+    }
   }
 
   size_t sample_count() const { return profile_.sample_size(); }
+  // Estimated heap bytes of the profile so far (protobuf objects and the dedup tables, counted
+  // as ProfileMerger::approx_bytes counts them): what a caller bounds a large profile's memory by.
+  size_t approx_bytes() const { return approx_bytes_; }
   // Sum over samples of value[index].
   int64_t ValueSum(size_t index) const;
 
@@ -134,6 +139,7 @@ class PprofBuilder {
   absl::flat_hash_map<LocationKey, uint64_t> locations_;
   absl::flat_hash_map<std::string, int> samples_;         // key: encoded locations + labels
   absl::flat_hash_map<std::pair<uint64_t, uint32_t>, uint64_t> frame_memo_;
+  size_t approx_bytes_ = 0;
 };
 
 // gzip level of profiles that are compressed: libdeflate's 2 (libdeflate.h: 1 fastest .. 12).

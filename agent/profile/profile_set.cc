@@ -70,10 +70,11 @@ ProfileSet::PerProcess& ProfileSet::ForOwner(const proc::ProcessKey& record_proc
   auto [it, inserted] = per_process_.try_emplace(key);
   if (inserted) {
     if (owner != nullptr) it->second.group = owner->group;
-    auto info = processes_->Get(key.process);
     if (key.kind == ProfileGroup::Kind::kCgroup) {
       it->second.name = owner->group.cgroup_path;  // a cgroup is named by its path
-    } else if (info.ok()) {
+    } else if (key.kind == ProfileGroup::Kind::kOverflow) {
+      // Many processes: each sample names its own (label `process`).
+    } else if (auto info = processes_->Get(key.process); info.ok()) {
       it->second.name = (*info)->comm;
     } else if (tid == key.process.tgid && key.process == record_process) {
       it->second.name = comm;  // exited: the main thread's comm is the best we have
@@ -82,10 +83,9 @@ ProfileSet::PerProcess& ProfileSet::ForOwner(const proc::ProcessKey& record_proc
   return it->second;
 }
 
-const ProfileSet::PerProcess::Member& ProfileSet::MemberOf(PerProcess& pp,
-                                                           const proc::ProcessKey& process,
-                                                           uint32_t tid,
-                                                           const std::string& comm) {
+ProfileSet::PerProcess::Member& ProfileSet::MemberOf(PerProcess& pp,
+                                                     const proc::ProcessKey& process, uint32_t tid,
+                                                     const std::string& comm) {
   auto [it, inserted] = pp.members.try_emplace(process);
   if (inserted) {
     it->second.slot = static_cast<uint32_t>(pp.members.size());
@@ -102,14 +102,18 @@ const ProfileSet::PerProcess::Member& ProfileSet::MemberOf(PerProcess& pp,
 
 std::vector<LabelSpec> ProfileSet::SampleLabels(PerProcess& pp, const proc::ProcessKey& process,
                                                 const std::string& thread_name, uint32_t tid,
-                                                uint32_t* memo_salt) {
+                                                uint32_t* memo_salt, PerProcess::Member** member) {
   std::vector<LabelSpec> labels;
   *memo_salt = 0;
+  *member = nullptr;
   if (pp.group.is_group()) {
-    const PerProcess::Member& m = MemberOf(pp, process, tid, thread_name);
+    PerProcess::Member& m = MemberOf(pp, process, tid, thread_name);
     *memo_salt = m.slot;
+    *member = &m;
     labels.push_back(LabelSpec::Str("process", m.name));
-    if (options_.thread_labels) labels.push_back(LabelSpec::Num("pid", process.tgid));
+    if (options_.thread_labels || pp.group.kind == ProfileGroup::Kind::kOverflow) {
+      labels.push_back(LabelSpec::Num("pid", process.tgid));
+    }
   }
   std::vector<LabelSpec> thread = ThreadLabels(thread_name, tid);
   labels.insert(labels.end(), thread.begin(), thread.end());
@@ -185,12 +189,25 @@ void ProfileSet::CountStackQuality(const StackPair& s, uint64_t weight) {
   if (IncompleteFrame(s) != nullptr) stats_.user_stack_incomplete += weight;
 }
 
-uint64_t ProfileSet::LocationOf(PprofBuilder& b, const symbolize::Frame& f) {
+uint64_t ProfileSet::LocationOf(PprofBuilder& b, const symbolize::Frame& f,
+                                absl::flat_hash_map<std::string, uint64_t>* starts) {
   uint64_t mapping_id = 0;
+  uint64_t address = f.address;
   if (f.mapping != nullptr) {
     const symbolize::FrameMapping& m = *f.mapping;
-    mapping_id = b.AddMapping(
-        {m.start, m.limit, m.file_offset, m.filename, m.build_id, m.has_functions});
+    uint64_t start = m.start;
+    if (starts != nullptr) {
+      // One file mapping of many images: the first image's start, and this address moved by
+      // as much, so address - start + file_offset (what pprof symbolizes by) is unchanged.
+      auto [it, inserted] =
+          starts->try_emplace(absl::StrCat(m.filename, "\x1f", m.build_id, "\x1f", m.file_offset,
+                                           "\x1f", m.limit - m.start, "\x1f", m.has_functions),
+                              m.start);
+      start = it->second;
+      address = address - m.start + start;
+    }
+    mapping_id = b.AddMapping({start, start + (m.limit - m.start), m.file_offset, m.filename,
+                               m.build_id, m.has_functions});
   }
   lines_scratch_.clear();
   if (f.lines != nullptr) {
@@ -198,11 +215,12 @@ uint64_t ProfileSet::LocationOf(PprofBuilder& b, const symbolize::Frame& f) {
       lines_scratch_.push_back({b.AddFunction({l.name, l.system_name, l.file}), l.line});
     }
   }
-  return b.AddLocationLines(mapping_id, f.address, lines_scratch_);
+  return b.AddLocationLines(mapping_id, address, lines_scratch_);
 }
 
 void ProfileSet::AppendFrames(PprofBuilder& b, const proc::ProcessKey& process,
                               absl::Span<const uint64_t> ips, bool kernel, uint32_t memo_salt,
+                              absl::flat_hash_map<std::string, uint64_t>* starts,
                               std::vector<uint64_t>* out) {
   for (size_t i = 0; i < ips.size(); ++i) {
     const bool leaf = i == 0;
@@ -213,7 +231,7 @@ void ProfileSet::AppendFrames(PprofBuilder& b, const proc::ProcessKey& process,
     uint64_t loc = b.RememberedLocation(ips[i], kind);
     if (loc == 0) {
       if (kernel) {
-        loc = LocationOf(b, symbolizer_->KernelFrame(ips[i], leaf));
+        loc = LocationOf(b, symbolizer_->KernelFrame(ips[i], leaf), nullptr);
       } else {
         auto key = std::make_tuple(process, ips[i], leaf);
         auto it = frame_memo_.find(key);
@@ -221,7 +239,7 @@ void ProfileSet::AppendFrames(PprofBuilder& b, const proc::ProcessKey& process,
           if (frame_memo_.size() >= kMaxFrameMemo) frame_memo_.clear();
           it = frame_memo_.emplace(key, symbolizer_->UserFrame(process, ips[i], leaf)).first;
         }
-        loc = LocationOf(b, it->second);
+        loc = LocationOf(b, it->second, starts);
       }
       b.RememberLocation(ips[i], kind, loc);
     }
@@ -229,16 +247,17 @@ void ProfileSet::AppendFrames(PprofBuilder& b, const proc::ProcessKey& process,
   }
 }
 
-void ProfileSet::Locations(PprofBuilder& b, const proc::ProcessKey& process,
-                           const StackPair& s, uint32_t memo_salt, std::vector<uint64_t>* out) {
+void ProfileSet::Locations(PprofBuilder& b, const proc::ProcessKey& process, const StackPair& s,
+                           uint32_t memo_salt, absl::flat_hash_map<std::string, uint64_t>* starts,
+                           std::vector<uint64_t>* out) {
   out->clear();
-  AppendFrames(b, process, s.kernel_ips, /*kernel=*/true, 0, out);
+  AppendFrames(b, process, s.kernel_ips, /*kernel=*/true, 0, nullptr, out);
   if (s.kernel_stack_err == PS_ERR_NOT_CAPTURED) {
     out->push_back(b.AddSyntheticLocation("[kernel stack not captured]"));
   } else if (s.kernel_stack_err != 0) {
     out->push_back(b.AddSyntheticLocation("[unknown kernel]"));
   }
-  AppendFrames(b, process, s.user_ips, /*kernel=*/false, memo_salt, out);
+  AppendFrames(b, process, s.user_ips, /*kernel=*/false, memo_salt, starts, out);
   if (s.user_stack_err == PS_ERR_ASLEEP_AT_ATTACH) {
     out->push_back(b.AddSyntheticLocation("[unknown: asleep since before attach]"));
   } else if (s.user_stack_err == PS_ERR_NOT_CAPTURED) {
@@ -282,11 +301,14 @@ void ProfileSet::AddOnCpu(const OnCpuRecord& r, const ProfileOwner* owner) {
   }
   CountStackQuality(r.stacks, r.count);
   uint32_t salt = 0;
-  std::vector<LabelSpec> thread = SampleLabels(pp, r.process, r.thread_name, r.tid, &salt);
+  PerProcess::Member* member = nullptr;
+  std::vector<LabelSpec> thread = SampleLabels(pp, r.process, r.thread_name, r.tid, &salt, &member);
+  auto* starts = pp.group.kind == ProfileGroup::Kind::kOverflow ? &pp.mapping_starts : nullptr;
   for (ProfileType t : {ProfileType::kCpu, ProfileType::kWall, ProfileType::kLatency}) {
     PprofBuilder* b = Builder(pp, t);
     if (b == nullptr) continue;
-    Locations(*b, r.process, r.stacks, salt, &scratch_);
+    if (member != nullptr) member->types |= 1u << static_cast<int>(t);
+    Locations(*b, r.process, r.stacks, salt, starts, &scratch_);
     std::vector<LabelSpec> labels;
     if (t == ProfileType::kCpu) {
       int64_t values[2] = {static_cast<int64_t>(r.count), cpu_ns};
@@ -321,11 +343,14 @@ void ProfileSet::AddOffCpu(const OffCpuRecord& record, const ProfileOwner* owner
   stats_.offcpu_ns += r.ns;
   std::vector<LabelSpec> labels = {LabelSpec::Str("state", ThreadStateName(r.state))};
   uint32_t salt = 0;
-  std::vector<LabelSpec> thread = SampleLabels(pp, r.process, r.thread_name, r.tid, &salt);
+  PerProcess::Member* member = nullptr;
+  std::vector<LabelSpec> thread = SampleLabels(pp, r.process, r.thread_name, r.tid, &salt, &member);
   labels.insert(labels.end(), thread.begin(), thread.end());
   int64_t values[1] = {static_cast<int64_t>(r.ns)};
   CountStackQuality(r.stacks, r.count);
+  auto* starts = pp.group.kind == ProfileGroup::Kind::kOverflow ? &pp.mapping_starts : nullptr;
   for (ProfileType t : {ProfileType::kOffCpu, ProfileType::kWall}) {
+    if (member != nullptr && options_.types.has(t)) member->types |= 1u << static_cast<int>(t);
     // While the process has an off_cpu profile and no wall one yet, the wall profile is made
     // later as a copy of the off_cpu one (ForkWall): its off-CPU samples are the same.
     if (t == ProfileType::kWall && pp.builders[static_cast<int>(ProfileType::kWall)] == nullptr &&
@@ -334,7 +359,7 @@ void ProfileSet::AddOffCpu(const OffCpuRecord& record, const ProfileOwner* owner
     }
     PprofBuilder* b = Builder(pp, t);
     if (b == nullptr) continue;
-    Locations(*b, r.process, r.stacks, salt, &scratch_);
+    Locations(*b, r.process, r.stacks, salt, starts, &scratch_);
     b->AddSample(scratch_, values, labels);
   }
 }
@@ -356,10 +381,25 @@ void ProfileSet::AddRuntime(const RuntimeRecord& r, const ProfileOwner* owner) {
   it->second.exact_ns += r.ns;
 }
 
+size_t ProfileSet::approx_bytes() const {
+  size_t bytes = 0;
+  for (const auto& [key, pp] : per_process_) {
+    for (const auto& b : pp.builders) {
+      if (b != nullptr) bytes += b->approx_bytes();
+    }
+    bytes += pp.members.size() * 64;
+  }
+  return bytes;
+}
+
 std::vector<ProcessProfile> ProfileSet::Finish(int64_t t0_unix_ns, int64_t duration_ns) {
   std::vector<ProcessProfile> out;
   for (auto& [key, pp] : per_process_) {
     ForkWall(pp);
+    std::array<size_t, kNumProfileTypes> processes{};  // a group's members in each type
+    for (const auto& [process, m] : pp.members) {
+      for (int i = 0; i < kNumProfileTypes; ++i) processes[i] += (m.types >> i) & 1;
+    }
     for (int i = 0; i < kNumProfileTypes; ++i) {
       auto& b = pp.builders[i];
       if (b == nullptr) continue;
@@ -385,6 +425,10 @@ std::vector<ProcessProfile> ProfileSet::Finish(int64_t t0_unix_ns, int64_t durat
                                    pp.group.cgroup_path.empty() ? absl::StrCat("id ", pp.group.id)
                                                                 : pp.group.cgroup_path,
                                    " (--latency-group=cgroup)"));
+      } else if (pp.group.kind == ProfileGroup::Kind::kOverflow) {
+        b->AddComment(absl::StrCat("parascope: the profiles of ", processes[i],
+                                   " process images merged; each sample's labels pid and "
+                                   "process name its process"));
       } else if (pp.group.kind == ProfileGroup::Kind::kTree) {
         const std::string& over = pp.group.latency_group.empty() ? std::string("tree")
                                                                  : pp.group.latency_group;
@@ -395,7 +439,8 @@ std::vector<ProcessProfile> ProfileSet::Finish(int64_t t0_unix_ns, int64_t durat
             " (--latency-group=", over, ")"));
       }
       out.push_back(ProcessProfile{key.process, pp.name, ProfileTypeName(type),
-                                   std::move(*b).Build(t0_unix_ns, duration_ns), pp.group});
+                                   std::move(*b).Build(t0_unix_ns, duration_ns), pp.group,
+                                   processes[i]});
     }
   }
   per_process_.clear();

@@ -44,8 +44,14 @@ std::string ParallelismBucket(uint32_t k);
 // --latency-group=cgroup|tree). Each sample of a group's profile carries the label `process` (the
 // comm of its process) and, with thread labels, `pid` (numeric), so the processes can still be
 // told apart.
+//
+// kOverflow: the process images a file exporter merges into DIR/overflow/ (export/
+// file_exporter.h, "Process churn"), built into one profile per type instead of one per image
+// and merged after. Its samples always carry `pid` (thread labels or not), as ProfileMerger's
+// do, and a Mapping of a file that several images map at different addresses (a PIE program,
+// a library under ASLR) is one Mapping, at the first image's address, as ProfileMerger makes it.
 struct ProfileGroup {
-  enum class Kind : uint8_t { kNone = 0, kCgroup = 1, kTree = 2 };
+  enum class Kind : uint8_t { kNone = 0, kCgroup = 1, kTree = 2, kOverflow = 3 };
   Kind kind = Kind::kNone;
   uint64_t id = 0;          // kCgroup: the cgroup v2 id (its directory's inode); kTree: root tgid
   std::string cgroup_path;  // kCgroup: its path below the cgroup2 mount, "" if unknown
@@ -71,6 +77,8 @@ struct ProcessProfile {
   std::string type;          // SPEC `__name__`, e.g. "process_cpu"
   perftools::profiles::Profile profile;
   ProfileGroup group;        // kind kNone: the profile of `process` alone
+  // A group's process images with samples in this profile (0 for a process's own profile).
+  size_t group_processes = 0;
 };
 
 struct ProfileOptions {
@@ -99,6 +107,21 @@ struct ProfileStats {
   uint64_t user_stack_incomplete = 0; // user stacks the walker stopped early ([incomplete: ...])
   uint64_t sampled_cpu_ns = 0;        // sum of cpu values in process_cpu
   uint64_t exact_cpu_ns = 0;          // sum of on-CPU ns from sched_switch accounting
+
+  // The counters of two sets that built disjoint records (a window's processes and its
+  // overflow group).
+  ProfileStats& operator+=(const ProfileStats& o) {
+    samples += o.samples;
+    samples_parallelism_unknown += o.samples_parallelism_unknown;
+    offcpu_ns += o.offcpu_ns;
+    user_stack_lost += o.user_stack_lost;
+    kernel_stack_lost += o.kernel_stack_lost;
+    truncated += o.truncated;
+    user_stack_incomplete += o.user_stack_incomplete;
+    sampled_cpu_ns += o.sampled_cpu_ns;
+    exact_cpu_ns += o.exact_cpu_ns;
+    return *this;
+  }
 };
 
 // Collects records of one window into PprofBuilders per process and type. Not thread-safe.
@@ -118,6 +141,9 @@ class ProfileSet {
   std::vector<ProcessProfile> Finish(int64_t t0_unix_ns, int64_t duration_ns);
 
   const ProfileStats& stats() const { return stats_; }
+  // Estimated heap bytes of the profiles being built (PprofBuilder::approx_bytes, summed): what
+  // a caller that builds many processes into one group bounds its memory by, finishing early.
+  size_t approx_bytes() const;
 
  private:
   struct PerProcess {
@@ -133,8 +159,12 @@ class ProfileSet {
     struct Member {
       uint32_t slot = 0;
       std::string name;
+      uint8_t types = 0;  // bit t: has samples in the profile of ProfileType t
     };
     absl::flat_hash_map<proc::ProcessKey, Member> members;
+    // kOverflow: the first image's start address of each file mapping (filename, build id,
+    // file offset and size encoded), where the others' addresses are moved.
+    absl::flat_hash_map<std::string, uint64_t> mapping_starts;
   };
   struct OwnerKey {
     proc::ProcessKey process;
@@ -150,25 +180,30 @@ class ProfileSet {
   PerProcess& ForOwner(const proc::ProcessKey& record_process, const ProfileOwner* owner,
                        uint32_t tid, const std::string& comm);
   // The member entry of `process` in group entry `pp`.
-  const PerProcess::Member& MemberOf(PerProcess& pp, const proc::ProcessKey& process,
-                                     uint32_t tid, const std::string& comm);
-  // Thread labels, preceded for a group by `process` (and `pid`).
+  PerProcess::Member& MemberOf(PerProcess& pp, const proc::ProcessKey& process, uint32_t tid,
+                               const std::string& comm);
+  // Thread labels, preceded for a group by `process` (and `pid`). `member`: the process's member
+  // entry in a group (valid until the next insertion), else null.
   std::vector<LabelSpec> SampleLabels(PerProcess& pp, const proc::ProcessKey& process,
                                       const std::string& thread_name, uint32_t tid,
-                                      uint32_t* memo_salt);
+                                      uint32_t* memo_salt, PerProcess::Member** member);
   PprofBuilder* Builder(PerProcess& pp, ProfileType t);
   // Makes pp's wall builder a copy of its off_cpu builder if it has the latter and not the former.
   void ForkWall(PerProcess& pp);
   // Location ids of a stack in `b`, with synthetic frames for lost/truncated stacks.
   // `memo_salt` tells the processes of a group apart in the frame memo (0 for a process).
+  // `starts`: a kOverflow group's PerProcess::mapping_starts, else null.
   void Locations(PprofBuilder& b, const proc::ProcessKey& process, const StackPair& stacks,
-                 uint32_t memo_salt, std::vector<uint64_t>* out);
+                 uint32_t memo_salt, absl::flat_hash_map<std::string, uint64_t>* starts,
+                 std::vector<uint64_t>* out);
   // Appends the Location ids of `ips` (leaf first; kernel or user addresses of `process`).
   void AppendFrames(PprofBuilder& b, const proc::ProcessKey& process,
                     absl::Span<const uint64_t> ips, bool kernel, uint32_t memo_salt,
-                    std::vector<uint64_t>* out);
-  // The Location (with its Mapping and Functions) of a symbolized frame in `b`.
-  uint64_t LocationOf(PprofBuilder& b, const symbolize::Frame& frame);
+                    absl::flat_hash_map<std::string, uint64_t>* starts, std::vector<uint64_t>* out);
+  // The Location (with its Mapping and Functions) of a symbolized frame in `b`; with `starts`,
+  // its Mapping and address moved to the first image's start of the same file mapping.
+  uint64_t LocationOf(PprofBuilder& b, const symbolize::Frame& frame,
+                      absl::flat_hash_map<std::string, uint64_t>* starts);
   // Stack-quality counters, once per record (not once per profile type).
   void CountStackQuality(const StackPair& stacks, uint64_t weight);
   std::vector<LabelSpec> ThreadLabels(const std::string& thread_name, uint32_t tid) const;

@@ -1,11 +1,21 @@
 #include "agent/profile/profile_set.h"
 
-#include <catch2/catch.hpp>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
-#include "agent/proc/read_file.h"
-#include "agent/proc/stat.h"
+#include <catch2/catch.hpp>
 #include <map>
 #include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "agent/proc/read_file.h"
+#include "agent/proc/stat.h"
+#include "agent/profile/profile_merge.h"
 #include "bpf/abi.h"
 
 // Functions of this test binary (a PIE) that the symbolizer must name through /proc/self.
@@ -41,12 +51,48 @@ Resolved Resolve(const Profile& p, int sample) {
   return r;
 }
 
-proc::ProcessKey SelfKey() {
-  auto text = proc::ReadFileToString("/proc/self/stat");
+proc::ProcessKey KeyOf(const std::string& pid) {
+  auto text = proc::ReadFileToString("/proc/" + pid + "/stat");
   REQUIRE(text.ok());
   auto st = proc::ParseStat(*text);
   REQUIRE(st.ok());
   return {static_cast<uint32_t>(st->pid), proc::TicksToNs(st->start_time_ticks)};
+}
+
+proc::ProcessKey SelfKey() { return KeyOf("self"); }
+
+// What pprof shows of a profile's samples, by label set and stack: the labels as key=value
+// (sorted), then each frame as its mapping's file and file offset (address - memory_start +
+// file_offset, what pprof symbolizes by) and its functions, leaf first; values summed.
+std::map<std::string, std::vector<int64_t>> Canonical(const Profile& p) {
+  std::map<std::string, std::vector<int64_t>> out;
+  for (const auto& s : p.sample()) {
+    std::vector<std::string> labels;
+    for (const auto& l : s.label()) {
+      labels.push_back(
+          absl::StrCat(p.string_table(l.key()), "=",
+                       l.str() != 0 ? p.string_table(l.str()) : absl::StrCat(l.num())));
+    }
+    std::sort(labels.begin(), labels.end());
+    std::string key = absl::StrJoin(labels, ",");
+    for (uint64_t id : s.location_id()) {
+      const auto& loc = p.location(static_cast<int>(id - 1));
+      absl::StrAppend(&key, " |");
+      if (loc.mapping_id() != 0) {
+        const auto& m = p.mapping(static_cast<int>(loc.mapping_id() - 1));
+        absl::StrAppend(&key, p.string_table(m.filename()), "+0x",
+                        absl::Hex(loc.address() - m.memory_start() + m.file_offset()));
+      }
+      for (const auto& line : loc.line()) {
+        absl::StrAppend(&key, " ", p.string_table(p.function(line.function_id() - 1).name()), ":",
+                        line.line());
+      }
+    }
+    std::vector<int64_t>& v = out[key];
+    v.resize(s.value_size());
+    for (int i = 0; i < s.value_size(); ++i) v[i] += s.value(i);
+  }
+  return out;
 }
 
 }  // namespace
@@ -392,6 +438,141 @@ TEST_CASE("ProfileSet puts a group's processes in one profile, labelled and kept
       comment |= prof.string_table(c).find("--latency-group=tree") != std::string::npos;
     }
     CHECK(comment);
+  }
+}
+
+// Process churn past the file exporter's directory budget (export/file_exporter.h): the agent
+// builds the images it merges straight into one overflow group. Its profiles must hold what
+// the images' own profiles merged by ProfileMerger hold: per pid, labels and stack the same
+// values, and, for two running processes of one PIE program at two ASLR bases, one Mapping of
+// the program with both processes' pcs at one Location, as the merge makes them.
+TEST_CASE("ProfileSet's overflow group holds what merging each image's own profiles gives",
+          "[profile]") {
+  proc::ProcessTable processes;  // the real /proc
+  symbolize::ElfCache elfs;
+  StackSymbolizer symbolizer(&processes, &elfs, nullptr);
+  ProfileOptions opts;
+  opts.period_ns = 1000000;
+  opts.period_is_ns = true;
+  opts.thread_labels = GENERATE(true, false);  // pid is labelled either way
+  INFO("thread labels: " << opts.thread_labels);
+
+  // Two processes of one program (posix_spawn returns once the child has exec'd) and the text
+  // address at one file offset in each.
+  std::vector<pid_t> children;
+  std::vector<proc::ProcessKey> keys;
+  std::vector<uint64_t> pcs;
+  std::string program;
+  for (int i = 0; i < 2; ++i) {
+    pid_t pid = 0;
+    char arg0[] = "sleep", arg1[] = "60";
+    char* argv[] = {arg0, arg1, nullptr};
+    REQUIRE(posix_spawn(&pid, "/bin/sleep", nullptr, nullptr, argv, environ) == 0);
+    children.push_back(pid);
+    keys.push_back(KeyOf(std::to_string(pid)));
+    // posix_spawn returns once execve(2) has replaced the old image, before the new one is
+    // mapped (the vfork parent is released at exec_mmap): read until the program's text shows.
+    absl::StatusOr<std::string> maps;
+    uint64_t pc = 0;
+    for (int tries = 0; pc == 0 && tries < 100000; ++tries) {
+      maps = proc::ReadFileToString(absl::StrCat("/proc/", pid, "/maps"));
+      REQUIRE(maps.ok());
+      for (absl::string_view line : absl::StrSplit(*maps, '\n')) {
+        std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+        if (f.size() < 6 || f[1] != "r-xp" || !absl::EndsWith(f[5], "/sleep")) continue;
+        program = std::string(f[5]);
+        uint64_t start = 0;
+        REQUIRE(absl::SimpleHexAtoi(f[0].substr(0, f[0].find('-')), &start));
+        pc = start + 0x40;  // the same file offset in both
+        break;
+      }
+    }
+    INFO("/proc/" << pid << "/maps:\n" << *maps);
+    REQUIRE(pc != 0);
+    pcs.push_back(pc);
+  }
+  REQUIRE(pcs[0] != pcs[1]);  // two bases (a PIE under ASLR)
+  const proc::ProcessKey gone{999999, proc::TicksToNs(1), 7};
+  keys.push_back(gone);
+  pcs.push_back(0x401234);
+
+  // Each image's records: an off-CPU interval and an on-CPU sample in its program's text.
+  std::vector<std::vector<OffCpuRecord>> off(keys.size());
+  std::vector<std::vector<OnCpuRecord>> on(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    OffCpuRecord o;
+    o.process = keys[i];
+    o.tid = keys[i].tgid;
+    o.thread_name = i < 2 ? "sleep" : "cc1";
+    o.stacks.user_ips = {pcs[i], pcs[i] + 8};
+    o.state = PS_STATE_SLEEPING;
+    o.ns = 1000 * (i + 1);
+    o.count = 1;
+    off[i].push_back(o);
+    OnCpuRecord r;
+    r.process = keys[i];
+    r.tid = keys[i].tgid;
+    r.thread_name = o.thread_name;
+    r.stacks.user_ips = {pcs[i]};
+    r.stacks.kernel_stack_err = PS_ERR_NOT_CAPTURED;
+    r.parallelism = 2;
+    r.count = 1;
+    r.period_sum = 1000000 + i;
+    on[i].push_back(r);
+  }
+
+  // Each image on its own, merged after (what the file exporter does with Export).
+  ProfileSet own(opts, &symbolizer, &processes);
+  std::map<std::string, ProfileMerger> merged;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    for (const OffCpuRecord& o : off[i]) own.AddOffCpu(o);
+    for (const OnCpuRecord& r : on[i]) own.AddOnCpu(r);
+    for (ProcessProfile& p : own.Finish(0, 1000000000)) {
+      REQUIRE(merged[p.type].Add(p.profile, p.process.tgid, p.process_name).ok());
+    }
+  }
+  // All images in one overflow group.
+  ProfileSet group(opts, &symbolizer, &processes);
+  ProfileOwner owner;
+  owner.group.kind = ProfileGroup::Kind::kOverflow;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    for (const OffCpuRecord& o : off[i]) group.AddOffCpu(o, &owner);
+    for (const OnCpuRecord& r : on[i]) group.AddOnCpu(r, &owner);
+  }
+  CHECK(group.approx_bytes() > 0);
+  std::vector<ProcessProfile> out = group.Finish(0, 1000000000);
+  REQUIRE(out.size() == 4);
+  for (ProcessProfile& p : out) {
+    INFO(p.type);
+    CHECK(p.group.kind == ProfileGroup::Kind::kOverflow);
+    CHECK(p.group_processes == 3);
+    REQUIRE(merged.count(p.type) == 1);
+    const Profile expected = merged[p.type].Take();
+    const auto got = Canonical(p.profile);
+    CHECK(got == Canonical(expected));
+    CHECK(got.size() == (p.type == "wall" ? 6u : 3u));
+    for (const auto& [k, v] : got) {
+      CHECK(absl::StrContains(k, "pid="));
+      CHECK(absl::StrContains(k, "process="));
+    }
+    // One Mapping of the program, as in the merge: both processes' pcs are one Location.
+    int program_mappings = 0;
+    for (const auto& m : p.profile.mapping()) {
+      program_mappings += p.profile.string_table(m.filename()) == program;
+    }
+    CHECK(program_mappings == 1);
+    CHECK(p.profile.location_size() == expected.location_size());
+    bool comment = false;
+    for (int64_t c : p.profile.comment()) {
+      comment |= p.profile.string_table(c) ==
+                 "parascope: the profiles of 3 process images merged; each sample's labels pid "
+                 "and process name its process";
+    }
+    CHECK(comment);
+  }
+  for (pid_t pid : children) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
   }
 }
 

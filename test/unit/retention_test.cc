@@ -268,6 +268,58 @@ TEST_CASE("file exporter: past the new-process budget, exited processes share ov
   CHECK(Measure(tmp.path() + "/unbounded").files == 4);
 }
 
+// The path of an agent that builds the merged images itself (an overflow group, profile_set.h
+// ProfileGroup::Kind::kOverflow): MergesProcess decides as Export would, once per image, and
+// each ExportMergedPart is the next part of its type, carrying the merged parts' note.
+TEST_CASE("file exporter: an overflow group's profiles are written as overflow/ parts", "[unit]") {
+  TempDir tmp;
+  const std::string root = tmp.path() + "/out";
+  FileExporter exporter(root, {}, /*max_new_processes=*/1);
+  const std::vector<uint32_t> gone = GonePids(3);
+  const uint32_t alive = static_cast<uint32_t>(getpid());
+  constexpr int64_t kT0 = 1700000000000;
+  auto key = [](uint32_t tgid) { return proc::ProcessKey{tgid, uint64_t{tgid} * 10000000, 1}; };
+  // Within the budget: a directory of its own (Export makes it).
+  CHECK(!exporter.MergesProcess(key(gone[0])));
+  REQUIRE(exporter.Export(OneSample(gone[0], "off_cpu", kT0, 5, "f")).ok());
+  // Past it: exited images are merged, decided once (asked again, the same answer, counted
+  // once); a running process never is.
+  CHECK(exporter.MergesProcess(key(gone[1])));
+  CHECK(exporter.MergesProcess(key(gone[1])));
+  CHECK(exporter.MergesProcess(key(gone[2])));
+  CHECK(!exporter.MergesProcess(key(alive)));
+  CHECK(exporter.merged_processes() == 2);
+  // Export agrees with the decision made before it.
+  REQUIRE(exporter.Export(OneSample(alive, "off_cpu", kT0, 7, "f")).ok());
+  CHECK(fs::exists(absl::StrCat(root, "/", alive)));
+  for (int part = 0; part < 2; ++part) {
+    ProcessProfile p = OneSample(gone[1 + part], "off_cpu", kT0, 9, "g");
+    p.group.kind = ProfileGroup::Kind::kOverflow;
+    p.group_processes = 1;
+    REQUIRE(exporter.ExportMergedPart(std::move(p)).ok());
+  }
+  CHECK(exporter.merged_profiles() == 2);
+  for (int part = 0; part < 2; ++part) {
+    const std::string path = absl::StrCat(root, "/overflow/", part, "/off_cpu-", kT0, ".pb.gz");
+    INFO(path);
+    std::ifstream in(path, std::ios::binary);
+    auto written = ParseMaybeGzip(std::string(std::istreambuf_iterator<char>(in), {}));
+    REQUIRE(written.ok());
+    REQUIRE(written->comment_size() == 1);
+    CHECK(written->string_table(written->comment(0)) ==
+          "parascope: processes that had exited when the window was written, past the 1 new "
+          "process directories a window may make (--output-max-new-processes)");
+    REQUIRE(written->sample_size() == 1);
+    CHECK(written->sample(0).value(1) == 9);
+  }
+  REQUIRE(exporter.Flush().ok());  // nothing pending: no third part
+  CHECK(!fs::exists(root + "/overflow/2"));
+  // The next window: the merged images stay merged, without being counted again.
+  exporter.EndWindow(absl::Now());
+  CHECK(exporter.MergesProcess(key(gone[2])));
+  CHECK(exporter.merged_processes() == 2);
+}
+
 TEST_CASE("retention: the byte bound holds on disk after every write, oldest windows go first",
           "[unit]") {
   TempDir dir;
