@@ -350,7 +350,8 @@ class AgentMetrics {
                   [](const auto& s) { return static_cast<double>(s.exec_snapshots_shed); });
     unwind_scalar(MetricType::kCounter, "parascope_process_snapshot_work_seconds_total",
                   "CPU time spent reading new process images and loading their unwind tables, "
-                  "in seconds (what that budget paid).",
+                  "in seconds (what that budget paid): the whole of the unwinder threads' rounds "
+                  "that handled new images, wake-ups included.",
                   [](const auto& s) { return s.exec_snapshot_cpu_ns / 1e9; });
     unwind_scalar(MetricType::kCounter, "parascope_process_snapshot_work_forgiven_seconds_total",
                   "Of parascope_process_snapshot_work_seconds_total, the CPU time the budget did "

@@ -282,7 +282,9 @@ class UnwindService {
   void ClaimLoop();
 
   // New-image work (the snapshot of an exec'd image while it lives, or of a process the walker
-  // met first, their follow-ups, and their table loads) is paid from a bucket of CPU time: it
+  // met first, their follow-ups, and their table loads; each PollLoop round and TableLoop batch
+  // that handles such images is charged whole, its wake-up, the ring buffer and the hand-offs
+  // included, and so is a round that only sheds them) is paid from a bucket of CPU time: it
   // starts at kExecBurstNs and refills at kExecRefillNsPerS per second of wall time, so however
   // many processes start per second, that work costs at most 2.5% of a core plus the burst.
   // Past it, a new image's snapshot and load are shed (counted: exec_snapshots_shed). The
