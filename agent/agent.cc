@@ -1317,6 +1317,8 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
       for (ProcessProfile& p : profiles) {
         const size_t images = p.group_processes;
         profiles_this_window += images;
+        // Written or lost with their part (the merge path counts them written when merged,
+        // then lost: TakeMergedLost).
         if (absl::Status s = file_exporter->ExportMergedPart(std::move(p)); s.ok()) {
           profiles_written += images;
         } else {
@@ -1346,9 +1348,10 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
         for (uint32_t i : index.runtime) {
           overflow_set.AddRuntime(data->runtime[i], &overflow_owner);
         }
+        overflow_set.ForgetFrames();
         wall_build += MonotonicNowNs() - c0;
-        // A part is written once it holds about as much as a merged part may (the bound of
-        // the window's overflow memory).
+        // A part is written once one of its profiles holds about as much as a merged part may
+        // (the bound of the window's overflow memory, per type).
         if (overflow_set.approx_bytes() >= FileExporter::kMaxMergedBytes) export_overflow();
         continue;
       }

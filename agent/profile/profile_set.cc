@@ -1,5 +1,7 @@
 #include "agent/profile/profile_set.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -92,10 +94,12 @@ ProfileSet::PerProcess::Member& ProfileSet::MemberOf(PerProcess& pp,
     auto info = processes_->Get(process);
     if (info.ok()) {
       it->second.name = (*info)->comm;
-    } else {
-      it->second.name = comm;  // exited: a thread's comm is the best we have
+    } else if (pp.group.kind != ProfileGroup::Kind::kOverflow || tid == process.tgid) {
+      // Exited: a thread's comm is the best we have (for the overflow group, as for a process's
+      // own profiles, only the main thread's: ProcessProfile::process_name, which the merge
+      // of those labels samples with).
+      it->second.name = comm;
     }
-    (void)tid;
   }
   return it->second;
 }
@@ -385,12 +389,13 @@ size_t ProfileSet::approx_bytes() const {
   size_t bytes = 0;
   for (const auto& [key, pp] : per_process_) {
     for (const auto& b : pp.builders) {
-      if (b != nullptr) bytes += b->approx_bytes();
+      if (b != nullptr) bytes = std::max(bytes, b->approx_bytes());
     }
-    bytes += pp.members.size() * 64;
   }
   return bytes;
 }
+
+void ProfileSet::ForgetFrames() { frame_memo_.clear(); }
 
 std::vector<ProcessProfile> ProfileSet::Finish(int64_t t0_unix_ns, int64_t duration_ns) {
   std::vector<ProcessProfile> out;
@@ -409,12 +414,15 @@ std::vector<ProcessProfile> ProfileSet::Finish(int64_t t0_unix_ns, int64_t durat
           !options_.offcpu_description.empty()) {
         b->AddComment(options_.offcpu_description);
       }
-      if (type == ProfileType::kCpu && pp.exact_ns > 0) {
+      // Per-process figures: a group of unrelated images (kOverflow) has none, as a merge of
+      // their profiles keeps none (ProfileMerger keeps the comments all of them had).
+      const bool overflow = pp.group.kind == ProfileGroup::Kind::kOverflow;
+      if (type == ProfileType::kCpu && pp.exact_ns > 0 && !overflow) {
         b->AddComment(absl::StrFormat(
             "on-CPU time: sampled %d ns, exact from sched_switch %d ns (ratio %.3f)",
             pp.sampled_ns, pp.exact_ns, static_cast<double>(pp.sampled_ns) / pp.exact_ns));
       }
-      if (type == ProfileType::kLatency && pp.parallelism_unknown > 0) {
+      if (type == ProfileType::kLatency && pp.parallelism_unknown > 0 && !overflow) {
         b->AddComment(absl::StrFormat(
             "%d samples were taken before every CPU's task was known (agent attached mid-run): "
             "their parallelism may be undercounted",

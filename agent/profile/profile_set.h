@@ -141,9 +141,14 @@ class ProfileSet {
   std::vector<ProcessProfile> Finish(int64_t t0_unix_ns, int64_t duration_ns);
 
   const ProfileStats& stats() const { return stats_; }
-  // Estimated heap bytes of the profiles being built (PprofBuilder::approx_bytes, summed): what
-  // a caller that builds many processes into one group bounds its memory by, finishing early.
+  // Estimated heap bytes of the largest profile being built (PprofBuilder::approx_bytes): what a
+  // caller that builds many processes into one group bounds its memory by (about this much per
+  // profile type), finishing early.
   size_t approx_bytes() const;
+  // Drops the memo of symbolized user frames (keyed by process; Finish drops it too): for a
+  // caller that adds many processes to one group, after each, since a process's frames are
+  // not looked up again and the memo holds the symbolizer's mapping and line data alive.
+  void ForgetFrames();
 
  private:
   struct PerProcess {

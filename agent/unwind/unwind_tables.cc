@@ -776,13 +776,15 @@ void UnwindService::PollLoop() {
   std::vector<ps_unwind_event> batch;
   bool paused = false;  // the last round ended in the shed pause below
   // A round that had new images to handle (read or shed) is charged its whole thread CPU time
-  // (ChargeRound): the wake-up that brought the events, the ring buffer, the waits and the
+  // (end_round): the wake-up that brought the events, the ring buffer, the waits and the
   // hand-off to TableLoop, not only the snapshots. Under continuous churn that was half of
   // this thread's CPU, beyond the budget (perf: a wake-up and a context switch cost 20-50 us
   // on this kind of VM). Measured from the end of the previous round, so the pause below and
-  // the wake-up after it are in it.
+  // the wake-up after it are in it. A round that only sheds is charged too (the walker repeats
+  // a shed process's request while it runs, at most every 0.1 s per CPU): that is what churn
+  // costs this thread, and the debt it adds lengthens the pause.
   int64_t round_cpu0 = ThreadCpuNs();
-  int64_t charged = 0;      // of this round, charged as it went (the snapshots)
+  int64_t charged = 0;      // of this round: charged as it went (snapshots), or left out
   bool new_images = false;  // this round had new images (EXEC, NEW_PROCESS) or follow-ups
   auto charge = [&](int64_t ns) {
     ChargeExec(ns);
@@ -936,6 +938,12 @@ void UnwindService::PollLoop() {
           take = e.kind == PS_UNWIND_EVENT_EXEC || !processes_->HasSnapshot(key);
         }
         if (take) {
+          // A known image's re-read (a library loaded since) is not new-image work: its CPU
+          // is left out of the round's charge.
+          const int64_t snapshot_cpu0 = new_image ? 0 : ThreadCpuNs();
+          absl::Cleanup leave_out = [&] {
+            if (!new_image) charged += ThreadCpuNs() - snapshot_cpu0;
+          };
           if (snapshot_rate_.size() >= kMaxImageEntries) snapshot_rate_.clear();
           SnapshotRate& r = snapshot_rate_[key];
           r.last_ns = now;
@@ -1023,7 +1031,7 @@ void UnwindService::TableLoop() {
     std::lock_guard<std::mutex> l(mu_);
     const int64_t now = MonotonicNowNs();
     int loads = 0;
-    int64_t charged = 0;  // by the loads, as they went
+    int64_t charged = 0;  // the loads: charged as they went, or not new-image work
     const bool new_images = std::any_of(batch.begin(), batch.end(), [](const Work& w) {
       return w.event.kind == PS_UNWIND_EVENT_EXEC || w.event.kind == kFollowUpEvent ||
              w.event.kind == PS_UNWIND_EVENT_NEW_PROCESS;
@@ -1070,13 +1078,11 @@ void UnwindService::TableLoop() {
         retry_later(e.tgid);
         continue;
       }
-      const int64_t cpu0 = exec_work ? ThreadCpuNs() : 0;
+      const int64_t cpu0 = ThreadCpuNs();
       absl::Status s = tables_.LoadProcess(e.tgid, ticks, e.exec_id, w.snapshot.get());
-      if (exec_work) {
-        const int64_t spent = ThreadCpuNs() - cpu0;
-        ChargeExec(spent);
-        charged += spent;
-      }
+      const int64_t spent = ThreadCpuNs() - cpu0;
+      if (exec_work) ChargeExec(spent);
+      charged += spent;  // a refresh of a known process is not new-image work: left out
       ++loads;
       if (const int64_t late = MonotonicNowNs() - w.queued_ns; late > 5000000) {
         Log(LogLevel::kDebug, "process %d (exec %d): table of event %d loaded %.1f ms after queued",
@@ -1086,6 +1092,9 @@ void UnwindService::TableLoop() {
     }
     const size_t handled = batch.size();
     batch.clear();
+    // Housekeeping below is charged to no batch (it runs whatever the churn).
+    const int64_t batch_cpu = ThreadCpuNs();
+    if (new_images) ChargeExec(std::max<int64_t>(0, batch_cpu - batch_cpu0 - charged));
     const int64_t loaded = MonotonicNowNs();
     tables_.ReleaseQuarantine(now);
     // At most once a second (a perf map is looked for every 1 s per process anyway): each call
@@ -1104,9 +1113,7 @@ void UnwindService::TableLoop() {
       tables_.RetryIncomplete(now, kSweepNs);
       last_sweep = now;
     }
-    const int64_t cpu = ThreadCpuNs();
-    if (new_images) ChargeExec(std::max<int64_t>(0, cpu - batch_cpu0 - charged));
-    batch_cpu0 = cpu;
+    batch_cpu0 = ThreadCpuNs();
   }
 }
 

@@ -459,7 +459,15 @@ TEST_CASE("ProfileSet's overflow group holds what merging each image's own profi
 
   // Two processes of one program (posix_spawn returns once the child has exec'd) and the text
   // address at one file offset in each.
-  std::vector<pid_t> children;
+  struct Children {  // killed and reaped however the test ends
+    std::vector<pid_t> pids;
+    ~Children() {
+      for (pid_t pid : pids) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+      }
+    }
+  } children;
   std::vector<proc::ProcessKey> keys;
   std::vector<uint64_t> pcs;
   std::string program;
@@ -468,7 +476,7 @@ TEST_CASE("ProfileSet's overflow group holds what merging each image's own profi
     char arg0[] = "sleep", arg1[] = "60";
     char* argv[] = {arg0, arg1, nullptr};
     REQUIRE(posix_spawn(&pid, "/bin/sleep", nullptr, nullptr, argv, environ) == 0);
-    children.push_back(pid);
+    children.pids.push_back(pid);
     keys.push_back(KeyOf(std::to_string(pid)));
     // posix_spawn returns once execve(2) has replaced the old image, before the new one is
     // mapped (the vfork parent is released at exec_mmap): read until the program's text shows.
@@ -502,8 +510,10 @@ TEST_CASE("ProfileSet's overflow group holds what merging each image's own profi
   for (size_t i = 0; i < keys.size(); ++i) {
     OffCpuRecord o;
     o.process = keys[i];
-    o.tid = keys[i].tgid;
-    o.thread_name = i < 2 ? "sleep" : "cc1";
+    // The exited image's first record is a worker thread's: its comm does not name the
+    // process (the main thread's would).
+    o.tid = keys[i].tgid + (i < 2 ? 0 : 1);
+    o.thread_name = i < 2 ? "sleep" : "cc1-worker";
     o.stacks.user_ips = {pcs[i], pcs[i] + 8};
     o.state = PS_STATE_SLEEPING;
     o.ns = 1000 * (i + 1);
@@ -512,7 +522,7 @@ TEST_CASE("ProfileSet's overflow group holds what merging each image's own profi
     OnCpuRecord r;
     r.process = keys[i];
     r.tid = keys[i].tgid;
-    r.thread_name = o.thread_name;
+    r.thread_name = i < 2 ? "sleep" : "cc1";
     r.stacks.user_ips = {pcs[i]};
     r.stacks.kernel_stack_err = PS_ERR_NOT_CAPTURED;
     r.parallelism = 2;
@@ -569,10 +579,6 @@ TEST_CASE("ProfileSet's overflow group holds what merging each image's own profi
                  "and process name its process";
     }
     CHECK(comment);
-  }
-  for (pid_t pid : children) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
   }
 }
 

@@ -289,16 +289,20 @@ TEST_CASE("file exporter: an overflow group's profiles are written as overflow/ 
   CHECK(exporter.MergesProcess(key(gone[2])));
   CHECK(!exporter.MergesProcess(key(alive)));
   CHECK(exporter.merged_processes() == 2);
-  // Export agrees with the decision made before it.
+  // Export agrees with the decisions made before it: the running process gets its directory,
+  // a merged image none (its profile waits for Flush, as the third part below).
   REQUIRE(exporter.Export(OneSample(alive, "off_cpu", kT0, 7, "f")).ok());
   CHECK(fs::exists(absl::StrCat(root, "/", alive)));
+  REQUIRE(exporter.Export(OneSample(gone[2], "process_cpu", kT0, 3, "h")).ok());
+  CHECK(!fs::exists(absl::StrCat(root, "/", gone[2])));
+  CHECK(exporter.merged_processes() == 2);
   for (int part = 0; part < 2; ++part) {
     ProcessProfile p = OneSample(gone[1 + part], "off_cpu", kT0, 9, "g");
     p.group.kind = ProfileGroup::Kind::kOverflow;
     p.group_processes = 1;
     REQUIRE(exporter.ExportMergedPart(std::move(p)).ok());
   }
-  CHECK(exporter.merged_profiles() == 2);
+  CHECK(exporter.merged_profiles() == 3);
   for (int part = 0; part < 2; ++part) {
     const std::string path = absl::StrCat(root, "/overflow/", part, "/off_cpu-", kT0, ".pb.gz");
     INFO(path);
@@ -312,8 +316,9 @@ TEST_CASE("file exporter: an overflow group's profiles are written as overflow/ 
     REQUIRE(written->sample_size() == 1);
     CHECK(written->sample(0).value(1) == 9);
   }
-  REQUIRE(exporter.Flush().ok());  // nothing pending: no third part
-  CHECK(!fs::exists(root + "/overflow/2"));
+  REQUIRE(exporter.Flush().ok());  // the merged process_cpu profile: the type's first part
+  CHECK(fs::exists(absl::StrCat(root, "/overflow/0/process_cpu-", kT0, ".pb.gz")));
+  CHECK(!fs::exists(absl::StrCat(root, "/overflow/2")));
   // The next window: the merged images stay merged, without being counted again.
   exporter.EndWindow(absl::Now());
   CHECK(exporter.MergesProcess(key(gone[2])));
