@@ -96,23 +96,56 @@ std::string ProcessTable::ProcDir(uint32_t tgid) const {
   return absl::StrCat(proc_root_, "/", tgid);
 }
 
+namespace {
+// Closes a directory fd when it goes out of scope.
+struct DirFdCloser {
+  int fd;
+  ~DirFdCloser() { close(fd); }
+};
+}  // namespace
+
+absl::StatusOr<int> ProcessTable::OpenProcDir(const std::string& dir) const {
+  int fd;
+  do {
+    fd = open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return ErrnoStatus(errno, "open " + dir);
+  return fd;
+}
+
 absl::StatusOr<ProcStat> ProcessTable::ReadStat(const ProcessKey& key) const {
-  std::string path = ProcDir(key.tgid) + "/stat";
-  PS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  const std::string dir = ProcDir(key.tgid);
+  PS_ASSIGN_OR_RETURN(int fd, OpenProcDir(dir));
+  DirFdCloser closer{fd};
+  return ReadStatAt(fd, dir, key);
+}
+
+absl::StatusOr<ProcStat> ProcessTable::ReadStatAt(int dirfd, const std::string& dir,
+                                                  const ProcessKey& key) const {
+  PS_ASSIGN_OR_RETURN(std::string text, ReadFileAt(dirfd, dir, "stat"));
   PS_ASSIGN_OR_RETURN(ProcStat stat, ParseStat(text));
   uint64_t want = BootNsToTicks(key.start_boot_ns);
   uint64_t have = stat.start_time_ticks;
   uint64_t diff = want > have ? want - have : have - want;
   if (diff > 1) {
     return absl::NotFoundError(
-        absl::StrCat(path, ": start time ", have, " ticks, expected ", want, " (pid reused)"));
+        absl::StrCat(dir, "/stat: start time ", have, " ticks, expected ", want, " (pid reused)"));
   }
   return stat;
 }
 
 absl::StatusOr<std::vector<MapEntry>> ProcessTable::ReadMaps(const ProcessKey& key,
                                                              ProcStat* stat) const {
-  PS_ASSIGN_OR_RETURN(std::string text, ReadFileToString(ProcDir(key.tgid) + "/maps"));
+  const std::string dir = ProcDir(key.tgid);
+  PS_ASSIGN_OR_RETURN(int fd, OpenProcDir(dir));
+  DirFdCloser closer{fd};
+  return ReadMapsAt(fd, dir, key, stat);
+}
+
+absl::StatusOr<std::vector<MapEntry>> ProcessTable::ReadMapsAt(int dirfd, const std::string& dir,
+                                                               const ProcessKey& key,
+                                                               ProcStat* stat) const {
+  PS_ASSIGN_OR_RETURN(std::string text, ReadFileAt(dirfd, dir, "maps"));
   PS_ASSIGN_OR_RETURN(std::vector<MapEntry> maps, ParseMaps(text));
   maps.erase(std::remove_if(maps.begin(), maps.end(),
                             [](const MapEntry& m) { return !m.executable(); }),
@@ -124,7 +157,7 @@ absl::StatusOr<std::vector<MapEntry>> ProcessTable::ReadMaps(const ProcessKey& k
   // The kernel prints maps paths relative to the reader's root (seq_path in show_map_vma,
   // fs/proc/task_mmu.c): for a chrooted process they carry its root directory as a prefix.
   // Strip it, so the path is the one the process sees (and <root>/<path> opens it).
-  if (absl::StatusOr<std::string> root = ReadLink(ProcDir(key.tgid) + "/root");
+  if (absl::StatusOr<std::string> root = ReadLinkAt(dirfd, dir, "root");
       root.ok() && root->size() > 1 && (*root)[0] == '/') {
     const std::string prefix = *root + "/";
     for (MapEntry& m : maps) {
@@ -133,23 +166,25 @@ absl::StatusOr<std::vector<MapEntry>> ProcessTable::ReadMaps(const ProcessKey& k
   }
   std::sort(maps.begin(), maps.end(),
             [](const MapEntry& a, const MapEntry& b) { return a.start < b.start; });
-  PS_ASSIGN_OR_RETURN(ProcStat checked, ReadStat(key));
+  PS_ASSIGN_OR_RETURN(ProcStat checked, ReadStatAt(dirfd, dir, key));
   if (stat != nullptr) *stat = std::move(checked);
   return maps;
 }
 
 absl::StatusOr<std::shared_ptr<ProcessInfo>> ProcessTable::Read(const ProcessKey& key) const {
-  std::string dir = ProcDir(key.tgid);
+  const std::string dir = ProcDir(key.tgid);
+  PS_ASSIGN_OR_RETURN(int fd, OpenProcDir(dir));
+  DirFdCloser closer{fd};
   auto info = std::make_shared<ProcessInfo>();
   info->key = key;
-  absl::StatusOr<std::string> exe = ReadLink(dir + "/exe");
+  absl::StatusOr<std::string> exe = ReadLinkAt(fd, dir, "exe");
   if (exe.ok()) info->exe_path = *std::move(exe);
   if (read_cgroup_.load(std::memory_order_relaxed)) {
-    absl::StatusOr<std::string> cgroup = ReadFileToString(dir + "/cgroup");
+    absl::StatusOr<std::string> cgroup = ReadFileAt(fd, dir, "cgroup");
     if (cgroup.ok()) info->cgroup = *std::move(cgroup);
   }
   ProcStat stat;
-  PS_ASSIGN_OR_RETURN(info->maps, ReadMaps(key, &stat));
+  PS_ASSIGN_OR_RETURN(info->maps, ReadMapsAt(fd, dir, key, &stat));
   info->files.resize(info->maps.size());
   info->comm = std::move(stat.comm);
   return info;

@@ -198,17 +198,25 @@ class ProcessTable {
   std::shared_ptr<const PinnedFile> OpenPerfMap(const ProcessKey& key, std::string* seen) const;
 
   std::string ProcDir(uint32_t tgid) const;
+  // Opens `dir`, a ProcDir (O_PATH): the reads below go through it, so each names its file without
+  // walking the proc root and the pid again. Errors: NotFound when the process is gone.
+  absl::StatusOr<int> OpenProcDir(const std::string& dir) const;
   // Reads <tgid>/stat and checks its start time matches `key`: NotFound on mismatch.
   absl::StatusOr<ProcStat> ReadStat(const ProcessKey& key) const;
+  absl::StatusOr<ProcStat> ReadStatAt(int dirfd, const std::string& dir,
+                                      const ProcessKey& key) const;
   // Reads the executable maps, sorted, then reads stat to check identity, so they are known to
   // be `key`'s (the stat read to `stat` when not null).
   absl::StatusOr<std::vector<MapEntry>> ReadMaps(const ProcessKey& key,
                                                  ProcStat* stat = nullptr) const;
-  // Reads exe, cgroup (when wanted) and maps, then stat (no lock held): 6-9 system calls, each
-  // a cost per exec'd process. The identity check after the reads covers them all (a pid, once
-  // reused, never names `key` again). comm is stat's: /proc/<pid>/comm prints the same name
-  // the same way, unescaped (proc_task_name(..., escape=false) for both, fs/proc/array.c and
-  // fs/proc/base.c; only status escapes it).
+  absl::StatusOr<std::vector<MapEntry>> ReadMapsAt(int dirfd, const std::string& dir,
+                                                   const ProcessKey& key, ProcStat* stat) const;
+  // Opens the process's directory, reads exe, cgroup (when wanted) and maps through it, then
+  // stat (no lock held): 6-9 system calls, each a cost per exec'd process; one (the open) for a
+  // process already gone, the common case under churn. The identity check after the reads
+  // covers them all (a pid, once reused, never names `key` again). comm is stat's:
+  // /proc/<pid>/comm prints the same name the same way, unescaped (proc_task_name(...,
+  // escape=false) for both, fs/proc/array.c and fs/proc/base.c; only status escapes it).
   absl::StatusOr<std::shared_ptr<ProcessInfo>> Read(const ProcessKey& key) const;
   // Fills info->files. Takes mu_ for the pin index only.
   void Pin(ProcessInfo* info);
