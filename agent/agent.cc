@@ -345,7 +345,7 @@ class AgentMetrics {
     unwind_scalar(MetricType::kCounter, "parascope_process_snapshots_shed_total",
                   "New process images (an exec, a process first met by the unwinder) not read "
                   "(mappings snapshot and unwind table load) because that work had spent its CPU "
-                  "budget (50 ms, refilled at 2.5% of a core); read later if they live and are "
+                  "budget (50 ms, refilled at 2% of a core); read later if they live and are "
                   "sampled.",
                   [](const auto& s) { return static_cast<double>(s.exec_snapshots_shed); });
     unwind_scalar(MetricType::kCounter, "parascope_process_snapshot_work_seconds_total",
@@ -356,8 +356,8 @@ class AgentMetrics {
     unwind_scalar(MetricType::kCounter, "parascope_process_snapshot_work_forgiven_seconds_total",
                   "Of parascope_process_snapshot_work_seconds_total, the CPU time the budget did "
                   "not charge: its debt stops at one burst (50 ms), so a single expensive load "
-                  "(a big new file's unwind table) does not shed new images for more than 2 s "
-                  "after it. What new-image work cost beyond the budget's rate, in seconds.",
+                  "(a big new file's unwind table) does not shed new images for more than 2.5 "
+                  "s after it. What new-image work cost beyond the budget's rate, in seconds.",
                   [](const auto& s) { return s.exec_forgiven_cpu_ns / 1e9; });
     unwind_scalar(MetricType::kCounter, "parascope_unwind_table_build_seconds_total",
                   "Time spent building unwind tables, in seconds.",
