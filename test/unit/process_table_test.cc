@@ -14,6 +14,8 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "agent/proc/read_file.h"
 #include "agent/proc/stat.h"
 
@@ -337,6 +339,34 @@ TEST_CASE("ReadFileToString and ReadLink") {
   auto self = ReadLink("/proc/self/exe");
   REQUIRE(self.ok());
   CHECK(fs::equivalent(*self, "/proc/self/exe"));
+}
+
+TEST_CASE("ReadFileAt and ReadLinkAt read through a directory fd, and name the path in errors") {
+  const std::string dir = kRoot + "/4242";
+  const int fd = open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  auto comm = ReadFileAt(fd, dir, "comm");
+  REQUIRE(comm.ok());
+  CHECK(*comm == *ReadFileToString(dir + "/comm"));
+  auto missing = ReadFileAt(fd, dir, "nonexistent");
+  CHECK(absl::IsNotFound(missing.status()));
+  CHECK(missing.status().message() == ReadFileToString(dir + "/nonexistent").status().message());
+  CHECK(absl::StrContains(missing.status().message(), dir + "/nonexistent"));
+  CHECK(absl::IsNotFound(ReadLinkAt(fd, dir, "exe").status()));
+  close(fd);
+  // A child's /proc directory, opened while it ran: once it has exited and been reaped, every
+  // read through the fd fails NotFound, even where a new process could have taken its pid.
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) _exit(0);
+  const std::string child_dir = absl::StrCat("/proc/", child);
+  const int child_fd = open(child_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  REQUIRE(child_fd >= 0);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(absl::IsNotFound(ReadFileAt(child_fd, child_dir, "stat").status()));
+  CHECK(absl::IsNotFound(ReadLinkAt(child_fd, child_dir, "exe").status()));
+  close(child_fd);
 }
 
 TEST_CASE("ProcessTable against the real /proc/self") {
