@@ -99,8 +99,11 @@ std::string ProcessTable::ProcDir(uint32_t tgid) const {
 namespace {
 // Closes a directory fd when it goes out of scope.
 struct DirFdCloser {
-  int fd;
+  explicit DirFdCloser(int f) : fd(f) {}
+  DirFdCloser(const DirFdCloser&) = delete;
+  DirFdCloser& operator=(const DirFdCloser&) = delete;
   ~DirFdCloser() { close(fd); }
+  const int fd;
 };
 }  // namespace
 
@@ -114,15 +117,14 @@ absl::StatusOr<int> ProcessTable::OpenProcDir(const std::string& dir) const {
 }
 
 absl::StatusOr<ProcStat> ProcessTable::ReadStat(const ProcessKey& key) const {
-  const std::string dir = ProcDir(key.tgid);
-  PS_ASSIGN_OR_RETURN(int fd, OpenProcDir(dir));
-  DirFdCloser closer{fd};
-  return ReadStatAt(fd, dir, key);
+  // One file: by path, as a directory fd would add its open and close.
+  return ReadStatAt(AT_FDCWD, ProcDir(key.tgid), key);
 }
 
 absl::StatusOr<ProcStat> ProcessTable::ReadStatAt(int dirfd, const std::string& dir,
                                                   const ProcessKey& key) const {
-  PS_ASSIGN_OR_RETURN(std::string text, ReadFileAt(dirfd, dir, "stat"));
+  PS_ASSIGN_OR_RETURN(std::string text, dirfd == AT_FDCWD ? ReadFileToString(dir + "/stat")
+                                                          : ReadFileAt(dirfd, dir, "stat"));
   PS_ASSIGN_OR_RETURN(ProcStat stat, ParseStat(text));
   uint64_t want = BootNsToTicks(key.start_boot_ns);
   uint64_t have = stat.start_time_ticks;
@@ -138,7 +140,7 @@ absl::StatusOr<std::vector<MapEntry>> ProcessTable::ReadMaps(const ProcessKey& k
                                                              ProcStat* stat) const {
   const std::string dir = ProcDir(key.tgid);
   PS_ASSIGN_OR_RETURN(int fd, OpenProcDir(dir));
-  DirFdCloser closer{fd};
+  DirFdCloser closer(fd);
   return ReadMapsAt(fd, dir, key, stat);
 }
 
@@ -174,7 +176,7 @@ absl::StatusOr<std::vector<MapEntry>> ProcessTable::ReadMapsAt(int dirfd, const 
 absl::StatusOr<std::shared_ptr<ProcessInfo>> ProcessTable::Read(const ProcessKey& key) const {
   const std::string dir = ProcDir(key.tgid);
   PS_ASSIGN_OR_RETURN(int fd, OpenProcDir(dir));
-  DirFdCloser closer{fd};
+  DirFdCloser closer(fd);
   auto info = std::make_shared<ProcessInfo>();
   info->key = key;
   absl::StatusOr<std::string> exe = ReadLinkAt(fd, dir, "exe");

@@ -203,6 +203,7 @@ class ProcessTable {
   absl::StatusOr<int> OpenProcDir(const std::string& dir) const;
   // Reads <tgid>/stat and checks its start time matches `key`: NotFound on mismatch.
   absl::StatusOr<ProcStat> ReadStat(const ProcessKey& key) const;
+  // The same through `dirfd`, the open `dir` (AT_FDCWD: by path).
   absl::StatusOr<ProcStat> ReadStatAt(int dirfd, const std::string& dir,
                                       const ProcessKey& key) const;
   // Reads the executable maps, sorted, then reads stat to check identity, so they are known to
@@ -211,9 +212,10 @@ class ProcessTable {
                                                  ProcStat* stat = nullptr) const;
   absl::StatusOr<std::vector<MapEntry>> ReadMapsAt(int dirfd, const std::string& dir,
                                                    const ProcessKey& key, ProcStat* stat) const;
-  // Opens the process's directory, reads exe, cgroup (when wanted) and maps through it, then
-  // stat (no lock held): 6-9 system calls, each a cost per exec'd process; one (the open) for a
-  // process already gone, the common case under churn. The identity check after the reads
+  // Opens the process's directory, reads exe, cgroup (when wanted), maps and root through it,
+  // then stat (no lock held): 12-15 system calls with the directory's open and close, each a
+  // cost per exec'd process; one (the open) for a process already gone, the common case under
+  // churn. The identity check after the reads
   // covers them all (a pid, once reused, never names `key` again). comm is stat's:
   // /proc/<pid>/comm prints the same name the same way, unescaped (proc_task_name(...,
   // escape=false) for both, fs/proc/array.c and fs/proc/base.c; only status escapes it).

@@ -19,7 +19,8 @@ absl::StatusOr<std::string> ReadLink(const std::string& path);
 // The same for `name` relative to the directory `dir` open as `dirfd` (openat(2), readlinkat(2);
 // AT_FDCWD with an empty `dir`: `name` is a path); `dir` names the file in errors. A /proc/<pid>
 // directory fd resolves each name without walking /proc and the pid again, and once that process
-// has exited (even if its pid was reused since) every read through it fails: NotFound.
+// has been reaped (even if its pid was reused since) every read through it fails: NotFound. (A
+// zombie's stat still reads; its maps read empty.)
 absl::StatusOr<std::string> ReadFileAt(int dirfd, absl::string_view dir, const char* name);
 absl::StatusOr<std::string> ReadLinkAt(int dirfd, absl::string_view dir, const char* name);
 

@@ -342,31 +342,42 @@ TEST_CASE("ReadFileToString and ReadLink") {
 }
 
 TEST_CASE("ReadFileAt and ReadLinkAt read through a directory fd, and name the path in errors") {
-  const std::string dir = kRoot + "/4242";
+  TempProcRoot root;
+  const std::string dir = root.dir() + "/4242";
   const int fd = open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
   REQUIRE(fd >= 0);
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{fd};
+  // Another directory now has the path: reads through the fd still reach the one opened.
+  fs::rename(dir, root.dir() + "/4242-moved");
+  fs::create_directory(dir);
+  std::ofstream(dir + "/comm") << "other\n";
   auto comm = ReadFileAt(fd, dir, "comm");
   REQUIRE(comm.ok());
-  CHECK(*comm == *ReadFileToString(dir + "/comm"));
-  auto missing = ReadFileAt(fd, dir, "nonexistent");
+  CHECK(*comm == "myserver\n");
+  CHECK(*ReadFileToString(dir + "/comm") == "other\n");
+  // Errors name the file as `dir` (a label only) and `name` give it.
+  auto missing = ReadFileAt(fd, "/label", "nonexistent");
   CHECK(absl::IsNotFound(missing.status()));
-  CHECK(missing.status().message() == ReadFileToString(dir + "/nonexistent").status().message());
-  CHECK(absl::StrContains(missing.status().message(), dir + "/nonexistent"));
-  CHECK(absl::IsNotFound(ReadLinkAt(fd, dir, "exe").status()));
-  close(fd);
-  // A child's /proc directory, opened while it ran: once it has exited and been reaped, every
-  // read through the fd fails NotFound, even where a new process could have taken its pid.
+  CHECK(absl::StrContains(missing.status().message(), "open /label/nonexistent: "));
+  auto link = ReadLinkAt(fd, "/label", "exe");
+  CHECK(absl::IsNotFound(link.status()));
+  CHECK(absl::StrContains(link.status().message(), "readlink /label/exe: "));
+  // A child's /proc directory, opened before it was reaped: once it has been, every read through
+  // the fd fails NotFound, even where a new process could have taken its pid.
   const pid_t child = fork();
   REQUIRE(child >= 0);
   if (child == 0) _exit(0);
   const std::string child_dir = absl::StrCat("/proc/", child);
   const int child_fd = open(child_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-  REQUIRE(child_fd >= 0);
   int status = 0;
   REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(child_fd >= 0);
+  Closer child_closer{child_fd};
   CHECK(absl::IsNotFound(ReadFileAt(child_fd, child_dir, "stat").status()));
   CHECK(absl::IsNotFound(ReadLinkAt(child_fd, child_dir, "exe").status()));
-  close(child_fd);
 }
 
 TEST_CASE("ProcessTable against the real /proc/self") {
