@@ -109,7 +109,8 @@ struct Candidate {
   uint64_t size;
   uint64_t section_end;  // sh_addr + sh_size of st_shndx's section; 0 if unknown
   int rank;              // lower wins among candidates at the same start
-  std::string system_name;
+  // Into the string table's data, which libelf holds until elf_end (after Read returns).
+  absl::string_view system_name;
 };
 
 // Preference at equal addresses: global (and GNU unique) over weak over local, then .symtab over
@@ -144,12 +145,9 @@ class ElfFileReader {
     PS_RETURN_IF_ERROR(ReadProgramHeaders(*file));
     BuildSymbols(*file);
 
-    size_t bytes = sizeof(ElfFile) + file->segments_.capacity() * sizeof(ElfFile::Segment) +
-                   file->symbols_.capacity() * sizeof(ElfSymbol) + StringHeapBytes(file->build_id_);
-    for (const ElfSymbol& sym : file->symbols_) {
-      bytes += StringHeapBytes(sym.system_name) + StringHeapBytes(sym.demangled);
-    }
-    file->memory_bytes_ = bytes;
+    file->memory_bytes_ = sizeof(ElfFile) + file->segments_.capacity() * sizeof(ElfFile::Segment) +
+                          file->symbols_.capacity() * sizeof(ElfSymbol) +
+                          StringHeapBytes(file->names_) + StringHeapBytes(file->build_id_);
     return file;
   }
 
@@ -241,7 +239,7 @@ class ElfFileReader {
       const char* name = elf_strptr(elf_, shdr.sh_link, sym.st_name);
       if (name == nullptr || name[0] == '\0') continue;
       candidates_.push_back({sym.st_value, sym.st_size, SectionEnd(sym.st_shndx),
-                             Rank(GELF_ST_BIND(sym.st_info), dynsym), std::string(name)});
+                             Rank(GELF_ST_BIND(sym.st_info), dynsym), absl::string_view(name)});
     }
     return absl::OkStatus();
   }
@@ -275,8 +273,9 @@ class ElfFileReader {
     candidates_.shrink_to_fit();
 
     file.symbols_.reserve(merged.size());
+    size_t name_bytes = 0;
     for (size_t i = 0; i < merged.size(); ++i) {
-      Candidate& c = merged[i];
+      const Candidate& c = merged[i];
       uint64_t size = c.size;
       if (size == 0) {
         // Zero-size symbol (typically hand-written assembly): extend to the next symbol, bounded
@@ -287,13 +286,20 @@ class ElfFileReader {
         if (end == std::numeric_limits<uint64_t>::max() || end <= c.start) continue;
         size = end - c.start;
       }
-      std::string name = Demangle(std::string(StripVersion(c.system_name)));
-      // ElfSymbol::name() then returns system_name. swap, not clear(): an emptied string keeps
-      // its heap buffer, and a move hands that buffer on.
-      if (name == c.system_name) std::string().swap(name);
-      file.symbols_.push_back({c.start, size, std::move(c.system_name), std::move(name)});
+      file.symbols_.push_back({c.start, size, c.system_name});
+      name_bytes += c.system_name.size();
     }
     file.symbols_.shrink_to_fit();
+    // The names, still in libelf's string table data, are copied into one pool: one allocation
+    // for them all, so an evicted file leaves no small holes in the heap. Reserved whole, the
+    // pool never reallocates, so the views stay valid.
+    file.names_.reserve(name_bytes);
+    for (ElfSymbol& sym : file.symbols_) {
+      const size_t offset = file.names_.size();
+      const size_t length = sym.system_name.size();
+      file.names_.append(sym.system_name.data(), length);
+      sym.system_name = absl::string_view(file.names_).substr(offset, length);
+    }
   }
 
   Elf* elf_;
@@ -329,6 +335,10 @@ std::optional<uint64_t> ElfFile::FileOffsetToVaddr(uint64_t offset) const {
   }
   return std::nullopt;
 }
+
+static_assert(sizeof(ElfSymbol) == 32, "ElfSymbol: start, size and a view of the name pool");
+
+std::string ElfSymbol::name() const { return Demangle(std::string(StripVersion(system_name))); }
 
 const ElfSymbol* ElfFile::Lookup(uint64_t vaddr) const {
   auto it = std::upper_bound(symbols_.begin(), symbols_.end(), vaddr,

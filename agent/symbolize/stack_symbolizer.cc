@@ -240,7 +240,7 @@ symbolize::CachedSymbol StackSymbolizer::Lookup(const proc::ProcessKey& process,
             // one (the name without DWARF, e.g. __libc_start_main for glibc's
             // __libc_start_main_impl, and a lambda's full demangled name, not "operator()").
             if (k + 1 == frames.size() && sym != nullptr) {
-              lines->push_back({sym->name(), sym->system_name, f.file, f.line});
+              lines->push_back({sym->name(), std::string(sym->system_name), f.file, f.line});
             } else {
               lines->push_back({f.name, f.system_name, f.file, f.line});
             }
@@ -257,7 +257,7 @@ symbolize::CachedSymbol StackSymbolizer::Lookup(const proc::ProcessKey& process,
   }
   if (sym == nullptr) return {no_lines_, symbolize::SymbolSource::kNone};
   return {std::make_shared<const symbolize::FrameLines>(
-              symbolize::FrameLines{{sym->name(), sym->system_name, "", 0}}),
+              symbolize::FrameLines{{sym->name(), std::string(sym->system_name), "", 0}}),
           symbolize::SymbolSource::kElfSymtab};
 }
 

@@ -165,16 +165,14 @@ TEST_CASE("ElfFile reads the unstripped fixture library", "[symbolize]") {
   const uint64_t alpha = RuntimeToVaddr(*lib, DlSymOrDie(handle.get(), "ps_fixture_alpha"));
   const ElfSymbol* sym = lib->Lookup(alpha);
   REQUIRE(sym != nullptr);
+  CHECK(sym->system_name == "ps_fixture_alpha");
   CHECK(sym->name() == "ps_fixture_alpha");
-  // A C name (longer than std::string's inline buffer) is held once: no second heap copy.
-  CHECK(sym->demangled.capacity() < sym->system_name.size());
 
   const uint64_t gamma = RuntimeToVaddr(*lib, DlSymOrDie(handle.get(), "_ZN2ps7fixture5GammaEi"));
   sym = lib->Lookup(gamma + 2);
   REQUIRE(sym != nullptr);
   CHECK(sym->system_name == "_ZN2ps7fixture5GammaEi");
   CHECK(sym->name() == "ps::fixture::Gamma(int)");
-  CHECK(sym->demangled == "ps::fixture::Gamma(int)");
 
   // Zero-size symbol (no .size directive) still covers its code.
   const uint64_t nosize = RuntimeToVaddr(*lib, DlSymOrDie(handle.get(), "ps_fixture_nosize"));
