@@ -199,9 +199,13 @@ void PerfMaps::Evict() {
 }
 
 void PerfMaps::EndWindow() {
-  absl::erase_if(maps_, [this](const auto& kv) { return kv.second.last_used_window != window_; });
-  // Entries of processes whose frames had no mapping (none with a perf map) go each window;
-  // under process churn their room would stay.
+  // Entries not used this window go, and so do the negative ones (no perf map): a negative entry
+  // is looked up again in its next window anyway (window_refreshed), so keeping it saves
+  // nothing. Under process churn they were thousands of processes whose frames had no mapping
+  // (exited before their maps were read), and their table, 1 MB, outlived the window.
+  absl::erase_if(maps_, [this](const auto& kv) {
+    return kv.second.map == nullptr || kv.second.last_used_window != window_;
+  });
   ShrinkIfSparse(maps_);
   ++window_;
 }
