@@ -44,8 +44,22 @@ WindowData Collector::Collect(int64_t prev_ws_ns, int64_t ws_ns, uint32_t closed
     }
   }
   ShrinkIfSparse(stack_cache_);  // after a burst of short-lived processes' stacks
+  CompactIpPool();
   map_stats_.stack_cache = stack_cache_.size();
   return out;
+}
+
+void Collector::CompactIpPool() {
+  size_t live = 0;
+  for (const auto& [h, c] : stack_cache_) live += c.length;
+  std::vector<uint64_t> pool;
+  pool.reserve(live);
+  for (auto& [h, c] : stack_cache_) {
+    const uint32_t offset = static_cast<uint32_t>(pool.size());
+    pool.insert(pool.end(), ip_pool_.begin() + c.offset, ip_pool_.begin() + c.offset + c.length);
+    c.offset = offset;
+  }
+  ip_pool_ = std::move(pool);
 }
 
 void Collector::ResolveStacks(uint64_t kernel_stack, int32_t kernel_err, uint64_t user_stack,
@@ -61,7 +75,8 @@ void Collector::ResolveStacks(uint64_t kernel_stack, int32_t kernel_err, uint64_
       return;
     }
     it->second.last_used_window = window_index_;
-    *ips = it->second.ips;
+    const uint64_t* first = ip_pool_.data() + it->second.offset;
+    ips->assign(first, first + it->second.length);
     *flags = it->second.flags;
   };
   uint32_t kernel_flags = 0;
@@ -73,7 +88,10 @@ void Collector::DrainBuffer(uint32_t index, WindowData* out) {
   // Stacks first: records of this buffer and intervals ending later refer to them.
   maps_->DrainStacks(index, [&](uint64_t h, const ps_stack& st) {
     CachedStack& c = stack_cache_[h];
-    c.ips.assign(st.ips, st.ips + std::min<uint32_t>(st.len, PS_MAX_STACK_DEPTH));
+    // A stack drained again is appended again; CompactIpPool drops the old copy.
+    c.offset = static_cast<uint32_t>(ip_pool_.size());
+    c.length = std::min<uint32_t>(st.len, PS_MAX_STACK_DEPTH);
+    ip_pool_.insert(ip_pool_.end(), st.ips, st.ips + c.length);
     c.flags = st.flags;
     c.last_used_window = window_index_;
   });

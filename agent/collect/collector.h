@@ -90,6 +90,8 @@ class Collector {
   // Adds the on-CPU time of the tasks running at the boundary; fills *on_cpu.
   void ScanCpus(int64_t prev_ws, int64_t ws, absl::flat_hash_map<uint32_t, uint64_t>* on_cpu,
                 WindowData* out);
+  // Rebuilds ip_pool_ with the ips of the stacks in stack_cache_ only, in one allocation.
+  void CompactIpPool();
   // Fills *pair from the stack cache; marks the stacks used in this window.
   void ResolveStacks(uint64_t kernel_stack, int32_t kernel_err, uint64_t user_stack,
                      int32_t user_err, StackPair* pair);
@@ -101,11 +103,17 @@ class Collector {
   // captured at its start was drained. Entries unused for two windows are dropped; at most
   // options_.max_cached_stacks (kMaxCachedStacks).
   struct CachedStack {
-    std::vector<uint64_t> ips;
-    uint32_t flags = 0;  // ps_stack.flags (user stacks: PS_UNWIND_*)
+    uint32_t offset = 0;  // of the first ip in ip_pool_
+    uint32_t length = 0;  // ips, at most PS_MAX_STACK_DEPTH
+    uint32_t flags = 0;   // ps_stack.flags (user stacks: PS_UNWIND_*)
     uint64_t last_used_window = 0;
   };
   absl::flat_hash_map<uint64_t, CachedStack> stack_cache_;
+  // The cached stacks' ips, back to back; rebuilt with the live ones only at the end of each
+  // Collect. A vector per stack was thousands of small allocations a window under process churn
+  // (each short-lived process's stacks differ, by ASLR), made in the holes the last window's
+  // records left and kept across the per-window malloc_trim: pages that stayed resident.
+  std::vector<uint64_t> ip_pool_;
   // Off-CPU intervals the last thread scan left whole to BPF, their weight not final at its
   // boundary (bpf/abi.h ps_offcpu_weight_final): tid -> out_ns. At most PS_THREAD_MAP_ENTRIES.
   absl::flat_hash_map<uint32_t, uint64_t> deferred_;
