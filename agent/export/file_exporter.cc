@@ -53,7 +53,10 @@ std::string FileExporter::PathFor(const ProcessProfile& p) const {
 
 FileExporter::DirKey FileExporter::DirKeyFor(const ProcessProfile& p) {
   if (p.group.kind == ProfileGroup::Kind::kCgroup) return {p.group.id, 0, DirKey::kCgroup};
-  const proc::ProcessKey& k = p.process;
+  return ProcessDirKey(p.process);
+}
+
+FileExporter::DirKey FileExporter::ProcessDirKey(const proc::ProcessKey& k) {
   return {uint64_t{k.tgid} << 32 | k.exec_id, proc::BootNsToTicks(k.start_boot_ns),
           DirKey::kProcess};
 }
@@ -120,9 +123,7 @@ bool FileExporter::ShouldMerge(const ProcessProfile& p, const DirKey& key) {
 }
 
 bool FileExporter::MergesProcess(const proc::ProcessKey& k) {
-  return MergesImage(
-      {uint64_t{k.tgid} << 32 | k.exec_id, proc::BootNsToTicks(k.start_boot_ns), DirKey::kProcess},
-      k.tgid);
+  return MergesImage(ProcessDirKey(k), k.tgid);
 }
 
 bool FileExporter::MergesImage(const DirKey& key, uint32_t tgid) {

@@ -129,6 +129,8 @@ class FileExporter : public Exporter {
     }
   };
   static DirKey DirKeyFor(const ProcessProfile& profile);
+  // The directory of one process image (its tgid, exec count and start time).
+  static DirKey ProcessDirKey(const proc::ProcessKey& process);
   // Opens DIR if not open (creating it and its parents when missing), then creates DIR/rel
   // parent first, relative to DIR's descriptor, unless `key` is known to exist. A DIR removed
   // since it was opened is made and opened again (`reopened`: that was done). Errors: the

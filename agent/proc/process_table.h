@@ -215,10 +215,10 @@ class ProcessTable {
   // Opens the process's directory, reads exe, cgroup (when wanted), maps and root through it,
   // then stat (no lock held): 12-15 system calls with the directory's open and close, each a
   // cost per exec'd process; one (the open) for a process already gone, the common case under
-  // churn. The identity check after the reads
-  // covers them all (a pid, once reused, never names `key` again). comm is stat's:
-  // /proc/<pid>/comm prints the same name the same way, unescaped (proc_task_name(...,
-  // escape=false) for both, fs/proc/array.c and fs/proc/base.c; only status escapes it).
+  // churn. The identity check after the reads covers them all (a pid, once reused, never names
+  // `key` again). comm is stat's: /proc/<pid>/comm prints the same name the same way, unescaped
+  // (proc_task_name(..., escape=false) for both, fs/proc/array.c and fs/proc/base.c; only status
+  // escapes it).
   absl::StatusOr<std::shared_ptr<ProcessInfo>> Read(const ProcessKey& key) const;
   // Fills info->files. Takes mu_ for the pin index only.
   void Pin(ProcessInfo* info);
