@@ -46,20 +46,29 @@ WindowData Collector::Collect(int64_t prev_ws_ns, int64_t ws_ns, uint32_t closed
   ShrinkIfSparse(stack_cache_);  // after a burst of short-lived processes' stacks
   CompactIpPool();
   map_stats_.stack_cache = stack_cache_.size();
+  map_stats_.stack_cache_ips = ip_pool_.size();
   return out;
 }
 
 void Collector::CompactIpPool() {
   size_t live = 0;
   for (const auto& [h, c] : stack_cache_) live += c.length;
-  std::vector<uint64_t> pool;
-  pool.reserve(live);
-  for (auto& [h, c] : stack_cache_) {
-    const uint32_t offset = static_cast<uint32_t>(pool.size());
-    pool.insert(pool.end(), ip_pool_.begin() + c.offset, ip_pool_.begin() + c.offset + c.length);
-    c.offset = offset;
+  if (ip_pool_.size() - live <= live) return;  // at most half dropped copies: keep appending
+  // In place, in offset order: each live stack moves down (or stays), so no second buffer.
+  std::vector<CachedStack*> by_offset;
+  by_offset.reserve(stack_cache_.size());
+  for (auto& [h, c] : stack_cache_) by_offset.push_back(&c);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const CachedStack* a, const CachedStack* b) { return a->offset < b->offset; });
+  size_t end = 0;
+  for (CachedStack* c : by_offset) {
+    std::memmove(ip_pool_.data() + end, ip_pool_.data() + c->offset, c->length * sizeof(uint64_t));
+    c->offset = static_cast<uint32_t>(end);
+    end += c->length;
   }
-  ip_pool_ = std::move(pool);
+  ip_pool_.resize(end);
+  // After a burst (short-lived processes' stacks), the room goes with it.
+  if (ip_pool_.capacity() > 4 * std::max<size_t>(end, 8192)) ip_pool_.shrink_to_fit();
 }
 
 void Collector::ResolveStacks(uint64_t kernel_stack, int32_t kernel_err, uint64_t user_stack,

@@ -20,6 +20,7 @@ struct MapStats {
   uint64_t thread_states = 0;      // thread states (bpf/sched.bpf.c) after the last drain
   uint64_t thread_states_max = 0;  // maximum over drains
   uint64_t stack_cache = 0;        // stacks kept by the daemon across windows
+  uint64_t stack_cache_ips = 0;    // ips their pool holds, dropped copies included
   uint64_t stack_cache_evicted = 0;
   uint64_t stacks_missing = 0;  // referenced stacks found nowhere ([unknown] frames)
 };
@@ -90,7 +91,8 @@ class Collector {
   // Adds the on-CPU time of the tasks running at the boundary; fills *on_cpu.
   void ScanCpus(int64_t prev_ws, int64_t ws, absl::flat_hash_map<uint32_t, uint64_t>* on_cpu,
                 WindowData* out);
-  // Rebuilds ip_pool_ with the ips of the stacks in stack_cache_ only, in one allocation.
+  // Moves the ips of the stacks in stack_cache_ to the front of ip_pool_ and drops the rest, once
+  // the dropped copies (evicted or drained again) outweigh the live ips.
   void CompactIpPool();
   // Fills *pair from the stack cache; marks the stacks used in this window.
   void ResolveStacks(uint64_t kernel_stack, int32_t kernel_err, uint64_t user_stack,
@@ -109,10 +111,11 @@ class Collector {
     uint64_t last_used_window = 0;
   };
   absl::flat_hash_map<uint64_t, CachedStack> stack_cache_;
-  // The cached stacks' ips, back to back; rebuilt with the live ones only at the end of each
-  // Collect. A vector per stack was thousands of small allocations a window under process churn
-  // (each short-lived process's stacks differ, by ASLR), made in the holes the last window's
-  // records left and kept across the per-window malloc_trim: pages that stayed resident.
+  // The cached stacks' ips, back to back; compacted at the end of Collect (CompactIpPool), so
+  // at most twice the live ips plus a window's new stacks. A vector per stack was thousands of
+  // small allocations a window under process churn (each short-lived process's stacks differ, by
+  // ASLR), made in the holes the last window's records left and kept across the per-window
+  // malloc_trim: pages that stayed resident.
   std::vector<uint64_t> ip_pool_;
   // Off-CPU intervals the last thread scan left whole to BPF, their weight not final at its
   // boundary (bpf/abi.h ps_offcpu_weight_final): tid -> out_ns. At most PS_THREAD_MAP_ENTRIES.

@@ -24,9 +24,11 @@ struct ElfSymbol {
   // the end of its section.
   uint64_t size = 0;
   // Raw st_name string, e.g. "_ZN2ps3fooEi" or "memcpy@@GLIBC_2.14". Valid for the lifetime of
-  // the ElfFile that returned this symbol.
+  // the ElfFile that returned this symbol, in a copy of the symbol too.
   absl::string_view system_name;
-  // Demangle(system_name without an "@VERSION"/"@@VERSION" suffix); computed on each call.
+  // Demangle(system_name without an "@VERSION"/"@@VERSION" suffix), computed on each call: once
+  // per distinct frame, as StackSymbolizer caches its results (and each window for the frames
+  // whose results it cannot cache: DWARF deferred, a debug file on its way).
   std::string name() const;
 };
 
@@ -98,7 +100,9 @@ class ElfFile {
   bool has_symtab_ = false;
   std::vector<Segment> segments_;
   std::vector<ElfSymbol> symbols_;
-  std::string names_;  // the symbols' system names, back to back (never changed after Open)
+  // The symbols' system names, back to back, never changed after Open. Short, they are inline in
+  // this object: it is never moved (no copy or move constructor), so the views stay valid.
+  std::string names_;
   size_t memory_bytes_ = 0;
 
   friend class ElfFileReader;

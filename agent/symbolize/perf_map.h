@@ -89,7 +89,8 @@ class PerfMaps {
   // the perf map's path as the process sees it.
   const PerfMapSymbol* Lookup(const proc::ProcessKey& key, uint64_t addr,
                               std::string* map_path = nullptr);
-  // Forgets maps not used during the window; allows one re-read per map in the next.
+  // Forgets maps not used during the window, and the processes found without one; allows one
+  // re-read per map in the next.
   void EndWindow();
 
   size_t size() const { return maps_.size(); }

@@ -21,6 +21,7 @@ void Probe(const ElfFile& elf, uint64_t vaddr) {
       PS_FUZZ_CHECK(addr >= s->start && addr - s->start < s->size);
       PS_FUZZ_CHECK(elf.Lookup(s->start) == s);
       PS_FUZZ_CHECK(!s->system_name.empty());
+      (void)s->name();  // the demanglers, on an untrusted name
     }
   }
 }

@@ -737,6 +737,60 @@ TEST_CASE("collector: the stack cache drops the least recently used stacks beyon
   CHECK(collector.map_stats().stack_cache_evicted == 1);
 }
 
+TEST_CASE("collector: cached stacks keep their ips when their pool is compacted", "[collect]") {
+  // Ground truth: stacks 0x10 {1, 2, 3}, 0x20 {4, 5, 6, 7, 8} and 0x30 {9, 10} are drained in
+  // every window (each drain appends a new copy and drops the last) and used by a record each;
+  // 0x40 {11} is drained in window 1 only and dropped by age at the end of window 3. The pool is
+  // compacted whenever dropped copies outweigh the live ips (11, then 10 from window 3 on), so
+  // it never holds more than twice as many. Without compaction it would hold 10 more each
+  // window (51 after five). The third and fifth windows end with a compaction (dropped copies 21
+  // and 20, live 10); every record still resolves its own stack's ips, also in a sixth window
+  // that reads the stacks where the fifth's compaction moved them.
+  FakeMapReader maps;
+  Collector collector(&maps, Collector::Options{});
+  auto record = [](uint32_t tid, uint64_t kernel_stack) {
+    ps_oncpu_key k{};
+    k.tgid = kProcA.tgid;
+    k.tid = tid;
+    k.tgid_start_ns = kProcA.start_boot_ns;
+    k.exec_id = kProcA.exec_id;
+    k.kernel_stack = kernel_stack;
+    k.parallelism = 1;
+    ps_oncpu_value v{};
+    v.count = 1;
+    v.period_sum = 10'000'000;
+    return std::make_pair(k, v);
+  };
+  const std::map<uint32_t, std::vector<uint64_t>> truth = {
+      {1, {1, 2, 3}}, {2, {4, 5, 6, 7, 8}}, {3, {9, 10}}};
+  for (uint32_t w = 0; w < 5; ++w) {
+    FakeMapReader::Buffer& buffer = maps.buffers[w % 2];
+    buffer.stacks[0x10] = Stack(truth.at(1));
+    buffer.stacks[0x20] = Stack(truth.at(2));
+    buffer.stacks[0x30] = Stack(truth.at(3));
+    if (w == 0) buffer.stacks[0x40] = Stack({11});
+    buffer.oncpu = {record(1, 0x10), record(2, 0x20), record(3, 0x30)};
+    const int64_t start = kT1 + w * (kT2 - kT1);
+    WindowData data = collector.Collect(start, start + (kT2 - kT1), w % 2, false);
+    REQUIRE(data.oncpu.size() == 3);
+    for (const OnCpuRecord& r : data.oncpu) CHECK(r.stacks.kernel_ips == truth.at(r.tid));
+    CHECK(collector.map_stats().stack_cache == (w < 2 ? 4 : 3));
+    CHECK(collector.map_stats().stack_cache_ips <= 2 * (w < 2 ? 11 : 10));
+  }
+  // The next window drains only a new stack, 0x50 with 30 ips, appended over the room the last
+  // compaction freed; the others resolve from where compaction moved them.
+  std::vector<uint64_t> long_stack(30);
+  for (size_t i = 0; i < long_stack.size(); ++i) long_stack[i] = 100 + i;
+  maps.buffers[1].stacks[0x50] = Stack(long_stack);
+  maps.buffers[1].oncpu = {record(1, 0x10), record(2, 0x20), record(3, 0x30), record(4, 0x50)};
+  WindowData last = collector.Collect(kT1 + 5 * (kT2 - kT1), kT1 + 6 * (kT2 - kT1), 1, false);
+  REQUIRE(last.oncpu.size() == 4);
+  for (const OnCpuRecord& r : last.oncpu) {
+    CHECK(r.stacks.kernel_ips == (r.tid == 4 ? long_stack : truth.at(r.tid)));
+  }
+  CHECK(collector.map_stats().stacks_missing == 0);
+}
+
 TEST_CASE("collector: the default stack cache bound is 65536 stacks", "[collect]") {
   // Ground truth: one window drains 65537 stacks (hashes 1..65537), all last used in it; the
   // bound (Collector::kMaxCachedStacks) evicts one, the smallest hash among equals: in window 2
