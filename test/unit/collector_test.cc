@@ -224,6 +224,22 @@ constexpr uint64_t kUserStack = 0x5555;
 const std::vector<uint64_t> kKernelIps = {0xffffffff81000010, 0xffffffff81000020};
 const std::vector<uint64_t> kUserIps = {0x401000, 0x402000, 0x403000};
 
+// An on-CPU entry of process A's thread `tid`: one sample of 10 ms whose kernel stack is
+// `kernel_stack` (a stack id) and no user stack.
+std::pair<ps_oncpu_key, ps_oncpu_value> OnCpuOfA(uint32_t tid, uint64_t kernel_stack) {
+  ps_oncpu_key k{};
+  k.tgid = kProcA.tgid;
+  k.tid = tid;
+  k.tgid_start_ns = kProcA.start_boot_ns;
+  k.exec_id = kProcA.exec_id;
+  k.kernel_stack = kernel_stack;
+  k.parallelism = 1;
+  ps_oncpu_value v{};
+  v.count = 1;
+  v.period_sum = 10'000'000;
+  return std::make_pair(k, v);
+}
+
 }  // namespace
 
 TEST_CASE("collector: an off-CPU interval crossing the window start is split at it", "[collect]") {
@@ -693,19 +709,6 @@ TEST_CASE("collector: the stack cache drops the least recently used stacks beyon
   Collector::Options options;
   options.max_cached_stacks = 2;
   Collector collector(&maps, options);
-  auto record = [](uint32_t tid, uint64_t kernel_stack) {
-    ps_oncpu_key k{};
-    k.tgid = kProcA.tgid;
-    k.tid = tid;
-    k.tgid_start_ns = kProcA.start_boot_ns;
-    k.exec_id = kProcA.exec_id;
-    k.kernel_stack = kernel_stack;
-    k.parallelism = 1;
-    ps_oncpu_value v{};
-    v.count = 1;
-    v.period_sum = 10'000'000;
-    return std::make_pair(k, v);
-  };
   maps.buffers[0].stacks[0x30] = Stack({0x3});
   maps.buffers[0].stacks[0x20] = Stack({0x2});
   collector.Collect(kT1, kT2, 0, false);
@@ -713,14 +716,14 @@ TEST_CASE("collector: the stack cache drops the least recently used stacks beyon
   CHECK(collector.map_stats().stack_cache_evicted == 0);
 
   maps.buffers[1].stacks[0x10] = Stack({0x1});
-  maps.buffers[1].oncpu = {record(1, 0x30)};
+  maps.buffers[1].oncpu = {OnCpuOfA(1, 0x30)};
   WindowData w2 = collector.Collect(kT2, kT3, 1, false);
   REQUIRE(w2.oncpu.size() == 1);
   CHECK(w2.oncpu[0].stacks.kernel_ips == std::vector<uint64_t>{0x3});
   CHECK(collector.map_stats().stack_cache == 2);
   CHECK(collector.map_stats().stack_cache_evicted == 1);
 
-  maps.buffers[0].oncpu = {record(1, 0x30), record(2, 0x20), record(3, 0x10)};
+  maps.buffers[0].oncpu = {OnCpuOfA(1, 0x30), OnCpuOfA(2, 0x20), OnCpuOfA(3, 0x10)};
   WindowData w3 = collector.Collect(kT3, kT4, 0, false);
   REQUIRE(w3.oncpu.size() == 3);
   for (const OnCpuRecord& r : w3.oncpu) {
@@ -748,19 +751,6 @@ TEST_CASE("collector: cached stacks keep their ips when their pool is compacted"
   // that reads the stacks where the fifth's compaction moved them.
   FakeMapReader maps;
   Collector collector(&maps, Collector::Options{});
-  auto record = [](uint32_t tid, uint64_t kernel_stack) {
-    ps_oncpu_key k{};
-    k.tgid = kProcA.tgid;
-    k.tid = tid;
-    k.tgid_start_ns = kProcA.start_boot_ns;
-    k.exec_id = kProcA.exec_id;
-    k.kernel_stack = kernel_stack;
-    k.parallelism = 1;
-    ps_oncpu_value v{};
-    v.count = 1;
-    v.period_sum = 10'000'000;
-    return std::make_pair(k, v);
-  };
   const std::map<uint32_t, std::vector<uint64_t>> truth = {
       {1, {1, 2, 3}}, {2, {4, 5, 6, 7, 8}}, {3, {9, 10}}};
   for (uint32_t w = 0; w < 5; ++w) {
@@ -769,7 +759,7 @@ TEST_CASE("collector: cached stacks keep their ips when their pool is compacted"
     buffer.stacks[0x20] = Stack(truth.at(2));
     buffer.stacks[0x30] = Stack(truth.at(3));
     if (w == 0) buffer.stacks[0x40] = Stack({11});
-    buffer.oncpu = {record(1, 0x10), record(2, 0x20), record(3, 0x30)};
+    buffer.oncpu = {OnCpuOfA(1, 0x10), OnCpuOfA(2, 0x20), OnCpuOfA(3, 0x30)};
     const int64_t start = kT1 + w * (kT2 - kT1);
     WindowData data = collector.Collect(start, start + (kT2 - kT1), w % 2, false);
     REQUIRE(data.oncpu.size() == 3);
@@ -782,7 +772,7 @@ TEST_CASE("collector: cached stacks keep their ips when their pool is compacted"
   std::vector<uint64_t> long_stack(30);
   for (size_t i = 0; i < long_stack.size(); ++i) long_stack[i] = 100 + i;
   maps.buffers[1].stacks[0x50] = Stack(long_stack);
-  maps.buffers[1].oncpu = {record(1, 0x10), record(2, 0x20), record(3, 0x30), record(4, 0x50)};
+  maps.buffers[1].oncpu = {OnCpuOfA(1, 0x10), OnCpuOfA(2, 0x20), OnCpuOfA(3, 0x30), OnCpuOfA(4, 0x50)};
   WindowData last = collector.Collect(kT1 + 5 * (kT2 - kT1), kT1 + 6 * (kT2 - kT1), 1, false);
   REQUIRE(last.oncpu.size() == 4);
   for (const OnCpuRecord& r : last.oncpu) {
