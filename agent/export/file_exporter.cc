@@ -40,7 +40,7 @@ std::string FileExporter::RelativeDirFor(const ProcessProfile& p) {
 }
 
 std::string FileExporter::NameFor(const ProcessProfile& p) {
-  return absl::StrCat(p.type, "-", p.profile.time_nanos() / 1000000, ".pb.gz");
+  return absl::StrCat(p.type, "-", p.profile->time_nanos() / 1000000, ".pb.gz");
 }
 
 std::string FileExporter::DirFor(const ProcessProfile& p) const {
@@ -171,7 +171,7 @@ absl::Status FileExporter::Export(const ProcessProfile& p) {
   const DirKey dir_key = DirKeyFor(p);
   if (ShouldMerge(p, dir_key)) {
     Merge& m = merges_[p.type];
-    PS_RETURN_IF_ERROR(m.merger.Add(p.profile, p.process.tgid, p.process_name));
+    PS_RETURN_IF_ERROR(m.merger.Add(*p.profile, p.process.tgid, p.process_name));
     merged_profiles_.fetch_add(1, std::memory_order_relaxed);
     if (m.merger.approx_bytes() >= kMaxMergedBytes) {
       // Reported by Flush: this profile was merged (the failure is the part's).
@@ -180,7 +180,7 @@ absl::Status FileExporter::Export(const ProcessProfile& p) {
     }
     return absl::OkStatus();
   }
-  return WriteProfile(dir_key, RelativeDirFor(p), p.type, p.profile);
+  return WriteProfile(dir_key, RelativeDirFor(p), p.type, *p.profile);
 }
 
 std::string FileExporter::OverflowNote() const {
@@ -191,11 +191,11 @@ std::string FileExporter::OverflowNote() const {
 
 absl::Status FileExporter::ExportMergedPart(ProcessProfile p) {
   const uint32_t part = merges_[p.type].next_part++;
-  p.profile.add_string_table(OverflowNote());
-  p.profile.add_comment(p.profile.string_table_size() - 1);
+  p.profile->add_string_table(OverflowNote());
+  p.profile->add_comment(p.profile->string_table_size() - 1);
   merged_profiles_.fetch_add(p.group_processes, std::memory_order_relaxed);
   return WriteProfile({part, 0, DirKey::kOverflow}, absl::StrCat("overflow/", part), p.type,
-                      p.profile);
+                      *p.profile);
 }
 
 absl::Status FileExporter::WriteMerged(const std::string& type) {

@@ -81,14 +81,14 @@ absl::Status PyroscopeExporter::Export(const ProcessProfile& p) {
   }
 
   // Copied only when something has to change.
-  const perftools::profiles::Profile* profile = &p.profile;
+  const perftools::profiles::Profile* profile = p.profile.get();
   perftools::profiles::Profile edited;
   bool other_labels = false;
-  for (const auto& s : p.profile.sample()) {
+  for (const auto& s : p.profile->sample()) {
     for (const auto& l : s.label()) {
       static const std::string kNone;
-      const std::string& key = l.key() >= 0 && l.key() < p.profile.string_table_size()
-                                   ? p.profile.string_table(l.key())
+      const std::string& key = l.key() >= 0 && l.key() < p.profile->string_table_size()
+                                   ? p.profile->string_table(l.key())
                                    : kNone;
       if (std::find(options_.sample_label_keys.begin(), options_.sample_label_keys.end(), key) ==
           options_.sample_label_keys.end()) {
@@ -99,14 +99,14 @@ absl::Status PyroscopeExporter::Export(const ProcessProfile& p) {
     if (other_labels) break;
   }
   if (other_labels) {
-    edited = p.profile;
+    edited = *p.profile;
     KeepSampleLabels(&edited, options_.sample_label_keys);
     profile = &edited;
   }
   size_t folded = 0;
   if (profile->sample_size() > static_cast<int>(kServerMaxSamples) ||
       profile->ByteSizeLong() > kServerMaxProfileBytes) {
-    if (profile != &edited) edited = p.profile;
+    if (profile != &edited) edited = *p.profile;
     folded = TrimForServerLimits(&edited, kServerMaxSamples, kServerMaxProfileBytes);
     profile = &edited;
   }
@@ -115,7 +115,7 @@ absl::Status PyroscopeExporter::Export(const ProcessProfile& p) {
   sample->set_raw_profile(std::move(gz));
   sample->set_id(NewUuidV4());
   item->bytes = item->request.ByteSizeLong();
-  item->time_nanos = p.profile.time_nanos();
+  item->time_nanos = p.profile->time_nanos();
 
   absl::MutexLock l(&mu_);
   if (stopping_) return absl::FailedPreconditionError("the Pyroscope exporter is shut down");

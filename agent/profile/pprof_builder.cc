@@ -1,8 +1,11 @@
 #include "agent/profile/pprof_builder.h"
 
-#include <algorithm>
-
+#include <sys/mman.h>
 #include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -10,49 +13,102 @@
 
 namespace parascope {
 
+namespace {
+
+void* ArenaBlockAlloc(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  return p;
+}
+
+void ArenaBlockDealloc(void* p, size_t bytes) { munmap(p, bytes); }
+
+}  // namespace
+
+std::shared_ptr<google::protobuf::Arena> NewProfileArena() {
+  google::protobuf::ArenaOptions options;
+  options.start_block_size = kProfileArenaBlockBytes;
+  options.max_block_size = kProfileArenaBlockBytes;
+  options.block_alloc = ArenaBlockAlloc;
+  options.block_dealloc = ArenaBlockDealloc;
+  return std::make_shared<google::protobuf::Arena>(options);
+}
+
 PprofBuilder::PprofBuilder(std::vector<ValueTypeSpec> sample_types, ValueTypeSpec period_type,
-                           int64_t period)
-    : num_values_(sample_types.size()) {
+                           int64_t period, std::shared_ptr<google::protobuf::Arena> arena)
+    : arena_(arena != nullptr ? std::move(arena) : NewProfileArena()),
+      profile_(google::protobuf::Arena::CreateMessage<perftools::profiles::Profile>(arena_.get())),
+      num_values_(sample_types.size()) {
   InternString("");
   for (const auto& st : sample_types) {
-    auto* vt = profile_.add_sample_type();
+    auto* vt = profile_->add_sample_type();
     vt->set_type(InternString(st.type));
     vt->set_unit(InternString(st.unit));
   }
   if (!period_type.type.empty()) {
-    profile_.mutable_period_type()->set_type(InternString(period_type.type));
-    profile_.mutable_period_type()->set_unit(InternString(period_type.unit));
-    profile_.set_period(period);
+    profile_->mutable_period_type()->set_type(InternString(period_type.type));
+    profile_->mutable_period_type()->set_unit(InternString(period_type.unit));
+    profile_->set_period(period);
   }
+}
+
+// The keys are views of arena memory that stays as long as the arena, which the copy shares.
+PprofBuilder::PprofBuilder(const PprofBuilder& other)
+    : arena_(other.arena_),
+      profile_(google::protobuf::Arena::CreateMessage<perftools::profiles::Profile>(arena_.get())),
+      num_values_(other.num_values_),
+      strings_(other.strings_),
+      mappings_(other.mappings_),
+      functions_(other.functions_),
+      locations_(other.locations_),
+      samples_(other.samples_),
+      frame_memo_(other.frame_memo_),
+      approx_bytes_(other.approx_bytes_) {
+  profile_->CopyFrom(*other.profile_);
 }
 
 PprofBuilder PprofBuilder::ForkAs(const std::vector<ValueTypeSpec>& sample_types,
                                   const ValueTypeSpec& period_type, int64_t period) const {
   PprofBuilder b = *this;
-  const size_t n = std::min<size_t>(sample_types.size(), b.profile_.sample_type_size());
+  const size_t n = std::min<size_t>(sample_types.size(), b.profile_->sample_type_size());
   for (size_t i = 0; i < n; ++i) {
-    auto* vt = b.profile_.mutable_sample_type(static_cast<int>(i));
+    auto* vt = b.profile_->mutable_sample_type(static_cast<int>(i));
     vt->set_type(b.InternString(sample_types[i].type));
     vt->set_unit(b.InternString(sample_types[i].unit));
   }
   if (period_type.type.empty()) {
-    b.profile_.clear_period_type();
-    b.profile_.clear_period();
+    b.profile_->clear_period_type();
+    b.profile_->clear_period();
   } else {
-    b.profile_.mutable_period_type()->set_type(b.InternString(period_type.type));
-    b.profile_.mutable_period_type()->set_unit(b.InternString(period_type.unit));
-    b.profile_.set_period(period);
+    b.profile_->mutable_period_type()->set_type(b.InternString(period_type.type));
+    b.profile_->mutable_period_type()->set_unit(b.InternString(period_type.unit));
+    b.profile_->set_period(period);
   }
   return b;
 }
 
+absl::string_view PprofBuilder::ArenaCopy(absl::string_view s) {
+  if (s.empty()) return {};
+  char* p = google::protobuf::Arena::CreateArray<char>(arena_.get(), s.size());
+  memcpy(p, s.data(), s.size());
+  return {p, s.size()};
+}
+
+absl::Span<const uint64_t> PprofBuilder::ArenaCopy(absl::Span<const uint64_t> ids) {
+  if (ids.empty()) return {};
+  uint64_t* p = google::protobuf::Arena::CreateArray<uint64_t>(arena_.get(), ids.size());
+  std::copy(ids.begin(), ids.end(), p);
+  return {p, ids.size()};
+}
+
 int64_t PprofBuilder::InternString(absl::string_view s) {
-  auto [it, inserted] = strings_.try_emplace(s, profile_.string_table_size());
-  if (inserted) {
-    profile_.add_string_table(std::string(s));
-    approx_bytes_ += 2 * s.size() + 64;  // the string, its table copy, their overheads
-  }
-  return it->second;
+  auto it = strings_.find(s);
+  if (it != strings_.end()) return it->second;
+  const int64_t id = profile_->string_table_size();
+  profile_->add_string_table(std::string(s));
+  approx_bytes_ += 2 * s.size() + 64;  // the string, its table copy, their overheads
+  strings_.emplace(ArenaCopy(s), id);
+  return id;
 }
 
 uint64_t PprofBuilder::AddMapping(const MappingSpec& m) {
@@ -60,8 +116,8 @@ uint64_t PprofBuilder::AddMapping(const MappingSpec& m) {
                                  m.has_functions, "/", m.build_id, "/", m.filename);
   auto it = mappings_.find(key);
   if (it != mappings_.end()) return it->second;
-  auto* pm = profile_.add_mapping();
-  uint64_t id = profile_.mapping_size();
+  auto* pm = profile_->add_mapping();
+  uint64_t id = profile_->mapping_size();
   pm->set_id(id);
   pm->set_memory_start(m.memory_start);
   pm->set_memory_limit(m.memory_limit);
@@ -70,7 +126,7 @@ uint64_t PprofBuilder::AddMapping(const MappingSpec& m) {
   pm->set_build_id(InternString(m.build_id));
   pm->set_has_functions(m.has_functions);
   approx_bytes_ += key.size() + 128;
-  mappings_.emplace(std::move(key), id);
+  mappings_.emplace(ArenaCopy(key), id);
   return id;
 }
 
@@ -78,30 +134,37 @@ uint64_t PprofBuilder::AddFunction(const FunctionSpec& f) {
   std::string key = absl::StrCat(f.name, "\x1f", f.system_name, "\x1f", f.filename);
   auto it = functions_.find(key);
   if (it != functions_.end()) return it->second;
-  auto* pf = profile_.add_function();
-  uint64_t id = profile_.function_size();
+  auto* pf = profile_->add_function();
+  uint64_t id = profile_->function_size();
   pf->set_id(id);
   pf->set_name(InternString(f.name));
   pf->set_system_name(InternString(f.system_name));
   pf->set_filename(InternString(f.filename));
   approx_bytes_ += key.size() + 96;
-  functions_.emplace(std::move(key), id);
+  functions_.emplace(ArenaCopy(key), id);
+  return id;
+}
+
+uint64_t PprofBuilder::InsertLocation(const LocationKey& key) {
+  const uint64_t id = profile_->location_size() + 1;
+  locations_.emplace(LocationKey{key.mapping_id, key.address, ArenaCopy(key.function_ids)}, id);
+  auto* pl = profile_->add_location();
+  pl->set_id(id);
+  pl->set_mapping_id(key.mapping_id);
+  pl->set_address(key.address);
   return id;
 }
 
 uint64_t PprofBuilder::AddLocation(uint64_t mapping_id, uint64_t address,
                                    absl::Span<const uint64_t> function_ids) {
-  LocationKey key{mapping_id, address, {function_ids.begin(), function_ids.end()}};
+  LocationKey key{mapping_id, address, function_ids};
   auto it = locations_.find(key);
   if (it != locations_.end()) return it->second;
-  auto* pl = profile_.add_location();
-  uint64_t id = profile_.location_size();
-  pl->set_id(id);
-  pl->set_mapping_id(mapping_id);
-  pl->set_address(address);
+  const uint64_t id = InsertLocation(key);
+  auto* pl = profile_->mutable_location(static_cast<int>(id - 1));
+  pl->mutable_line()->Reserve(static_cast<int>(function_ids.size()));
   for (uint64_t fid : function_ids) pl->add_line()->set_function_id(fid);
   approx_bytes_ += 128 + 40 * function_ids.size();
-  locations_.emplace(std::move(key), id);
   return id;
 }
 
@@ -109,25 +172,23 @@ uint64_t PprofBuilder::AddLocationLines(uint64_t mapping_id, uint64_t address,
                                         absl::Span<const LineRef> lines) {
   // Key: function ids with their line numbers folded in (ids and lines alternate, with the high
   // bit set on the lines so they never equal a plain function-id list).
-  LocationKey key{mapping_id, address, {}};
+  key_scratch_.clear();
   for (const LineRef& l : lines) {
-    key.function_ids.push_back(l.function_id);
-    key.function_ids.push_back(static_cast<uint64_t>(l.line) | (uint64_t{1} << 63));
+    key_scratch_.push_back(l.function_id);
+    key_scratch_.push_back(static_cast<uint64_t>(l.line) | (uint64_t{1} << 63));
   }
+  LocationKey key{mapping_id, address, key_scratch_};
   auto it = locations_.find(key);
   if (it != locations_.end()) return it->second;
-  auto* pl = profile_.add_location();
-  uint64_t id = profile_.location_size();
-  pl->set_id(id);
-  pl->set_mapping_id(mapping_id);
-  pl->set_address(address);
+  const uint64_t id = InsertLocation(key);
+  auto* pl = profile_->mutable_location(static_cast<int>(id - 1));
+  pl->mutable_line()->Reserve(static_cast<int>(lines.size()));
   for (const LineRef& l : lines) {
     auto* line = pl->add_line();
     line->set_function_id(l.function_id);
     if (l.line > 0) line->set_line(l.line);
   }
   approx_bytes_ += 128 + 56 * lines.size();
-  locations_.emplace(std::move(key), id);
   return id;
 }
 
@@ -138,23 +199,31 @@ uint64_t PprofBuilder::AddSyntheticLocation(absl::string_view name) {
 
 void PprofBuilder::AddSample(absl::Span<const uint64_t> location_ids,
                              absl::Span<const int64_t> values, absl::Span<const LabelSpec> labels) {
-  std::string key;
+  std::string& key = sample_key_scratch_;
+  key.clear();
   for (uint64_t id : location_ids) absl::StrAppend(&key, id, ",");
   for (const auto& l : labels) {
-    absl::StrAppend(&key, "\x1f", l.key, "=", l.is_num ? absl::StrCat(l.num, l.num_unit) : l.str,
-                    l.is_num ? "#" : "$");
+    absl::StrAppend(&key, "\x1f", l.key, "=");
+    if (l.is_num) {
+      absl::StrAppend(&key, l.num, l.num_unit, "#");
+    } else {
+      absl::StrAppend(&key, l.str, "$");
+    }
   }
   auto it = samples_.find(key);
   if (it != samples_.end()) {
-    auto* s = profile_.mutable_sample(it->second);
+    auto* s = profile_->mutable_sample(it->second);
     for (size_t i = 0; i < num_values_ && i < values.size(); ++i) {
       s->set_value(i, s->value(i) + values[i]);
     }
     return;
   }
-  auto* s = profile_.add_sample();
+  auto* s = profile_->add_sample();
+  s->mutable_location_id()->Reserve(static_cast<int>(location_ids.size()));
   for (uint64_t id : location_ids) s->add_location_id(id);
+  s->mutable_value()->Reserve(static_cast<int>(num_values_));
   for (size_t i = 0; i < num_values_; ++i) s->add_value(i < values.size() ? values[i] : 0);
+  s->mutable_label()->Reserve(static_cast<int>(labels.size()));
   for (const auto& l : labels) {
     auto* pl = s->add_label();
     pl->set_key(InternString(l.key));
@@ -166,25 +235,27 @@ void PprofBuilder::AddSample(absl::Span<const uint64_t> location_ids,
     }
   }
   approx_bytes_ += key.size() + 96 + 8 * (location_ids.size() + num_values_) + 40 * labels.size();
-  samples_.emplace(std::move(key), profile_.sample_size() - 1);
+  samples_.emplace(ArenaCopy(key), profile_->sample_size() - 1);
 }
 
 void PprofBuilder::AddComment(absl::string_view comment) {
-  profile_.add_comment(InternString(comment));
+  profile_->add_comment(InternString(comment));
 }
 
 int64_t PprofBuilder::ValueSum(size_t index) const {
   int64_t sum = 0;
-  for (const auto& s : profile_.sample()) {
+  for (const auto& s : profile_->sample()) {
     if (static_cast<int>(index) < s.value_size()) sum += s.value(index);
   }
   return sum;
 }
 
-perftools::profiles::Profile PprofBuilder::Build(int64_t time_nanos, int64_t duration_nanos) && {
-  profile_.set_time_nanos(time_nanos);
-  profile_.set_duration_nanos(duration_nanos);
-  return std::move(profile_);
+std::shared_ptr<perftools::profiles::Profile> PprofBuilder::Build(int64_t time_nanos,
+                                                                  int64_t duration_nanos) && {
+  profile_->set_time_nanos(time_nanos);
+  profile_->set_duration_nanos(duration_nanos);
+  // Shares ownership of the arena; the Profile itself is freed with it.
+  return std::shared_ptr<perftools::profiles::Profile>(std::move(arena_), profile_);
 }
 
 absl::StatusOr<std::string> SerializeGzip(const perftools::profiles::Profile& profile,

@@ -1,13 +1,16 @@
 // Builds one pprof Profile (proto/profile.proto, SPEC section 6) with interning and dedup.
 #pragma once
 
+#include <google/protobuf/arena.h>
+
 #include <cstdint>
+#include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "proto/profile.pb.h"
 
@@ -59,14 +62,29 @@ struct LineRef {
   int64_t line = 0;
 };
 
+// A protobuf arena (google/protobuf/arena.h) for the profiles of one collection window: its
+// blocks are anonymous mmaps of kProfileArenaBlockBytes (pages become resident as they are
+// written), so that freeing the arena returns a window's profiles to the kernel whole. Built in
+// malloc's heap, the window's many small objects (Samples, Labels, Locations, the builders'
+// dedup keys) left pages half-used between the long-lived allocations made meanwhile (symbol
+// caches, ELF files), which stayed resident after the window. Throws std::bad_alloc when mmap
+// fails, as operator new does.
+inline constexpr size_t kProfileArenaBlockBytes = size_t{1} << 20;
+std::shared_ptr<google::protobuf::Arena> NewProfileArena();
+
 // Accumulates samples of one profile. Strings, Mappings, Functions and Locations are interned
 // (ids are 1-based and dense, string 0 is ""); samples with identical location lists and labels
-// are merged by adding values. Not thread-safe.
+// are merged by adding values. The Profile and the dedup tables' keys live on an arena (shared
+// with the other builders of a window, or the builder's own). Not thread-safe.
 class PprofBuilder {
  public:
   // sample_types in index order; period_type / period as in SPEC section 2 (period_type.type ""
-  // = no period type).
-  PprofBuilder(std::vector<ValueTypeSpec> sample_types, ValueTypeSpec period_type, int64_t period);
+  // = no period type). `arena`: where the Profile and keys live (null: a new one of this
+  // builder's, NewProfileArena); the built Profile keeps it alive.
+  PprofBuilder(std::vector<ValueTypeSpec> sample_types, ValueTypeSpec period_type, int64_t period,
+               std::shared_ptr<google::protobuf::Arena> arena = nullptr);
+  PprofBuilder(PprofBuilder&&) = default;
+  PprofBuilder& operator=(PprofBuilder&&) = default;
 
   int64_t InternString(absl::string_view s);
   // Dedups on all fields. Returns the mapping id (>= 1).
@@ -91,7 +109,8 @@ class PprofBuilder {
   // A copy of this builder (its Strings, Mappings, Functions, Locations, samples and location
   // memo) that describes a different profile type: same number of sample types, new names, new
   // period. Cheaper than symbolizing the same stacks again (the wall profile starts as a copy of
-  // the off_cpu one). The old type names stay in the string table, unreferenced.
+  // the off_cpu one). The old type names stay in the string table, unreferenced. The copy is on
+  // the same arena.
   PprofBuilder ForkAs(const std::vector<ValueTypeSpec>& sample_types,
                       const ValueTypeSpec& period_type, int64_t period) const;
 
@@ -108,7 +127,7 @@ class PprofBuilder {
     }
   }
 
-  size_t sample_count() const { return profile_.sample_size(); }
+  size_t sample_count() const { return profile_->sample_size(); }
   // Estimated heap bytes of the profile so far (protobuf objects and the dedup tables, counted
   // as ProfileMerger::approx_bytes counts them): what a caller bounds a large profile's memory by.
   size_t approx_bytes() const { return approx_bytes_; }
@@ -116,29 +135,45 @@ class PprofBuilder {
   int64_t ValueSum(size_t index) const;
 
   // Finishes the profile: time_nanos (unix ns of the window start), duration_nanos (window ns).
-  // The builder must not be used afterwards.
-  perftools::profiles::Profile Build(int64_t time_nanos, int64_t duration_nanos) &&;
+  // The Profile lives on the builder's arena, which the returned pointer keeps alive. The
+  // builder must not be used afterwards.
+  std::shared_ptr<perftools::profiles::Profile> Build(int64_t time_nanos,
+                                                      int64_t duration_nanos) &&;
 
  private:
+  // Deep copy on the same arena (ForkAs).
+  PprofBuilder(const PprofBuilder& other);
+
+  // Keys are views of arena copies (ArenaCopy); a lookup builds its key in scratch memory.
   struct LocationKey {
     uint64_t mapping_id;
     uint64_t address;
-    std::vector<uint64_t> function_ids;
-    bool operator==(const LocationKey&) const = default;
+    absl::Span<const uint64_t> function_ids;
+    bool operator==(const LocationKey& o) const {
+      return mapping_id == o.mapping_id && address == o.address && function_ids == o.function_ids;
+    }
     template <typename H>
     friend H AbslHashValue(H h, const LocationKey& k) {
-      return H::combine(std::move(h), k.mapping_id, k.address, k.function_ids);
+      return H::combine(
+          H::combine_contiguous(std::move(h), k.function_ids.data(), k.function_ids.size()),
+          k.mapping_id, k.address, k.function_ids.size());
     }
   };
+  absl::string_view ArenaCopy(absl::string_view s);
+  absl::Span<const uint64_t> ArenaCopy(absl::Span<const uint64_t> ids);
+  uint64_t InsertLocation(const LocationKey& key);
 
-  perftools::profiles::Profile profile_;
+  std::shared_ptr<google::protobuf::Arena> arena_;
+  perftools::profiles::Profile* profile_;  // on arena_
   size_t num_values_;
-  absl::flat_hash_map<std::string, int64_t> strings_;
-  absl::flat_hash_map<std::string, uint64_t> mappings_;   // key: encoded MappingSpec
-  absl::flat_hash_map<std::string, uint64_t> functions_;  // key: encoded FunctionSpec
+  absl::flat_hash_map<absl::string_view, int64_t> strings_;
+  absl::flat_hash_map<absl::string_view, uint64_t> mappings_;   // key: encoded MappingSpec
+  absl::flat_hash_map<absl::string_view, uint64_t> functions_;  // key: encoded FunctionSpec
   absl::flat_hash_map<LocationKey, uint64_t> locations_;
-  absl::flat_hash_map<std::string, int> samples_;         // key: encoded locations + labels
+  absl::flat_hash_map<absl::string_view, int> samples_;  // key: encoded locations + labels
   absl::flat_hash_map<std::pair<uint64_t, uint32_t>, uint64_t> frame_memo_;
+  std::vector<uint64_t> key_scratch_;
+  std::string sample_key_scratch_;
   size_t approx_bytes_ = 0;
 };
 

@@ -128,25 +128,25 @@ PprofBuilder* ProfileSet::Builder(PerProcess& pp, ProfileType t) {
   if (!options_.types.has(t)) return nullptr;
   auto& b = pp.builders[static_cast<int>(t)];
   if (b == nullptr) {
+    if (arena_ == nullptr) arena_ = NewProfileArena();
     const int64_t p = options_.period_ns;
     switch (t) {
       case ProfileType::kCpu:
         b = std::make_unique<PprofBuilder>(
             std::vector<ValueTypeSpec>{{"samples", "count"}, {"cpu", "nanoseconds"}},
-            ValueTypeSpec{"cpu", "nanoseconds"}, p);
+            ValueTypeSpec{"cpu", "nanoseconds"}, p, arena_);
         break;
       case ProfileType::kOffCpu:
-        b = std::make_unique<PprofBuilder>(
-            std::vector<ValueTypeSpec>{{"off_cpu", "nanoseconds"}}, ValueTypeSpec{}, 0);
+        b = std::make_unique<PprofBuilder>(std::vector<ValueTypeSpec>{{"off_cpu", "nanoseconds"}},
+                                           ValueTypeSpec{}, 0, arena_);
         break;
       case ProfileType::kWall:
         b = std::make_unique<PprofBuilder>(std::vector<ValueTypeSpec>{{"wall", "nanoseconds"}},
-                                           ValueTypeSpec{"wall", "nanoseconds"}, p);
+                                           ValueTypeSpec{"wall", "nanoseconds"}, p, arena_);
         break;
       case ProfileType::kLatency:
-        b = std::make_unique<PprofBuilder>(
-            std::vector<ValueTypeSpec>{{"latency", "nanoseconds"}},
-            ValueTypeSpec{"cpu", "nanoseconds"}, p);
+        b = std::make_unique<PprofBuilder>(std::vector<ValueTypeSpec>{{"latency", "nanoseconds"}},
+                                           ValueTypeSpec{"cpu", "nanoseconds"}, p, arena_);
         break;
     }
   }
@@ -453,6 +453,7 @@ std::vector<ProcessProfile> ProfileSet::Finish(int64_t t0_unix_ns, int64_t durat
   }
   per_process_.clear();
   frame_memo_.clear();
+  arena_ = nullptr;  // freed with the last of `out`
   return out;
 }
 

@@ -75,7 +75,10 @@ struct ProcessProfile {
   proc::ProcessKey process;
   std::string process_name;  // comm of the process, "" if it could not be read
   std::string type;          // SPEC `__name__`, e.g. "process_cpu"
-  perftools::profiles::Profile profile;
+  // Never null. From ProfileSet::Finish it lives on the window's arena (NewProfileArena), which
+  // this pointer keeps alive: the window's memory is freed when its last profile is.
+  std::shared_ptr<perftools::profiles::Profile> profile =
+      std::make_shared<perftools::profiles::Profile>();
   ProfileGroup group;        // kind kNone: the profile of `process` alone
   // A group's process images with samples in this profile (0 for a process's own profile).
   size_t group_processes = 0;
@@ -218,6 +221,9 @@ class ProfileSet {
   proc::ProcessTable* processes_;
   ProfileStats stats_;
   absl::flat_hash_map<OwnerKey, PerProcess> per_process_;
+  // The window's profiles and their builders' keys (NewProfileArena): made by the first builder
+  // of a window, handed to the profiles by Finish.
+  std::shared_ptr<google::protobuf::Arena> arena_;
   // Symbolized user frames of the processes being built, by (process, address, leaf): an
   // address symbolized for one profile type is not symbolized again for the others (an on-CPU
   // stack goes to up to three). Cleared by Finish; at most kMaxFrameMemo entries. (Kernel frames

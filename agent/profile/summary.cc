@@ -43,7 +43,7 @@ void RunSummary::Add(const ProcessProfile& p) {
   proc.group = p.group;
   if (!p.process_name.empty()) proc.name = p.process_name;
   if (p.group.is_group()) {
-    const auto& prof = p.profile;
+    const auto& prof = *p.profile;
     const int value = p.type == "process_cpu" ? 1 : 0;
     auto& by_process = p.type == "process_cpu" ? proc.cpu_by_process : proc.latency_by_process;
     for (const auto& s : prof.sample()) {
@@ -59,12 +59,12 @@ void RunSummary::Add(const ProcessProfile& p) {
   }
   if (p.type == "process_cpu") {
     int64_t before = proc.cpu.total;
-    proc.cpu.Add(p.profile, 1);
+    proc.cpu.Add(*p.profile, 1);
     if (p.group.kind != ProfileGroup::Kind::kCgroup) cpu_total_ += proc.cpu.total - before;
     return;
   }
-  proc.latency.Add(p.profile, 0);
-  const auto& prof = p.profile;
+  proc.latency.Add(*p.profile, 0);
+  const auto& prof = *p.profile;
   for (const auto& s : prof.sample()) {
     for (const auto& l : s.label()) {
       if (prof.string_table(l.key()) == "parallelism") {

@@ -30,7 +30,7 @@ Profile BuildExample() {
   CHECK(b.sample_count() == 2);
   CHECK(b.ValueSum(1) == 357);
   b.AddComment("event=cpu-clock");
-  return std::move(b).Build(1700000000000000000, 15000000000);
+  return *std::move(b).Build(1700000000000000000, 15000000000);
 }
 
 }  // namespace
@@ -85,6 +85,62 @@ TEST_CASE("PprofBuilder interns, dedups and merges", "[profile]") {
   CHECK(s.label(1).num() == 42);
   CHECK(s.label(1).str() == 0);
   CHECK(p.sample(1).label_size() == 0);
+}
+
+TEST_CASE("PprofBuilder: builders on one arena, a fork, profiles that outlive them all",
+          "[profile]") {
+  // Ground truth: an off_cpu builder with one sample {l1} of 10 ns (thread "w"); its fork as wall
+  // gets 5 more ns on the same stack and labels (merged: 15), then the original gets a new
+  // sample {l2} of 7 ns (a new Function) and a Location with lines. The fork's dedup tables
+  // are its own: it has one sample (15 ns), the original two (10 + 7 ns), and the same Location
+  // with lines added to the fork afterwards is a new id there (2; the original's is 3). Both
+  // profiles stay whole after the builders and the caller's arena pointer are gone (the arena's
+  // blocks are munmap'd when it is freed, so a profile that did not keep it alive would fault).
+  std::shared_ptr<Profile> off_profile, wall_profile;
+  {
+    std::shared_ptr<google::protobuf::Arena> arena = NewProfileArena();
+    PprofBuilder off({{"off_cpu", "nanoseconds"}}, {"", ""}, 0, arena);
+    const uint64_t m = off.AddMapping({0x1000, 0x2000, 0, "/bin/app", "abcd", true});
+    const uint64_t f1 = off.AddFunction({"a_function_name_longer_than_sso", "a1", "a.c"});
+    const uint64_t l1 = off.AddLocation(m, 0x1100, {f1});
+    const LabelSpec labels[] = {LabelSpec::Str("thread_name", "w")};
+    const uint64_t s1[] = {l1};
+    const int64_t ten[] = {10}, five[] = {5}, seven[] = {7};
+    off.AddSample(s1, ten, labels);
+    auto wall = std::make_unique<PprofBuilder>(
+        off.ForkAs({{"wall", "nanoseconds"}}, {"wall", "nanoseconds"}, 1000));
+    wall->AddSample(s1, five, labels);
+    const uint64_t f2 = off.AddFunction({"b", "b", ""});
+    const uint64_t l2 = off.AddLocation(m, 0x1200, {f2});
+    const uint64_t s2[] = {l2};
+    off.AddSample(s2, seven, labels);
+    const LineRef lines[] = {{f1, 12}};
+    CHECK(off.AddLocationLines(m, 0x1300, lines) == 3);
+    CHECK(off.AddLocationLines(m, 0x1300, lines) == 3);
+    CHECK(wall->AddLocationLines(m, 0x1300, lines) == 2);
+    CHECK(wall->AddLocationLines(m, 0x1300, lines) == 2);
+    CHECK(wall->AddLocation(m, 0x1100, {f1}) == l1);
+    off_profile = std::move(off).Build(1, 2);
+    wall_profile = std::move(*wall).Build(1, 2);
+  }
+  const Profile& o = *off_profile;
+  const Profile& w = *wall_profile;
+  REQUIRE(o.sample_size() == 2);
+  CHECK(o.sample(0).value(0) == 10);
+  CHECK(o.sample(1).value(0) == 7);
+  REQUIRE(w.sample_size() == 1);
+  CHECK(w.sample(0).value(0) == 15);
+  CHECK(Str(w, w.sample_type(0).type()) == "wall");
+  CHECK(Str(o, o.sample_type(0).type()) == "off_cpu");
+  CHECK(w.period() == 1000);
+  CHECK(o.location_size() == 3);
+  CHECK(w.location_size() == 2);
+  REQUIRE(w.function_size() == 1);
+  CHECK(Str(w, w.function(0).name()) == "a_function_name_longer_than_sso");
+  REQUIRE(w.location(1).line_size() == 1);
+  CHECK(w.location(1).line(0).line() == 12);
+  CHECK(Str(o, o.function(1).name()) == "b");
+  CHECK(Str(w, w.sample(0).label(0).str()) == "w");
 }
 
 TEST_CASE("pprof gzip round trip is byte-exact", "[profile]") {

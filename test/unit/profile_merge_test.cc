@@ -38,7 +38,7 @@ pp::Profile AppProfile(uint64_t base, int64_t ns_main, int64_t ns_unknown, uint3
   if (ns_unknown > 0) b.AddSample({l_unknown}, {1, ns_unknown}, labels);
   b.AddComment("parascope: event=cpu-clock frequency=19Hz");
   b.AddComment(own_comment);
-  return std::move(b).Build(kT0, 15000000000);
+  return *std::move(b).Build(kT0, 15000000000);
 }
 
 std::string S(const pp::Profile& p, int64_t i) { return p.string_table(static_cast<int>(i)); }
@@ -151,7 +151,7 @@ TEST_CASE("ProfileMerger refuses another sample type and starts over after Take"
   REQUIRE(merger.Add(AppProfile(0x1000000, 1, 0, 1, "x"), 1, "a").ok());
   PprofBuilder off({{"contentions", "count"}, {"delay", "nanoseconds"}}, {"", ""}, 0);
   off.AddSample({off.AddSyntheticLocation("[unknown]")}, {1, 5}, {});
-  absl::Status s = merger.Add(std::move(off).Build(kT0, 1), 2, "b");
+  absl::Status s = merger.Add(*std::move(off).Build(kT0, 1), 2, "b");
   CHECK(s.code() == absl::StatusCode::kInvalidArgument);
   CHECK(merger.profiles() == 1);
   const pp::Profile first = merger.Take();

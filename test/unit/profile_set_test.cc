@@ -126,7 +126,7 @@ TEST_CASE("ProfileSet symbolizes this binary's functions and kernel frames", "[p
 
   auto out = set.Finish(1000, 2000);
   REQUIRE(out.size() == 1);
-  const Profile& p = out[0].profile;
+  const Profile& p = *out[0].profile;
   CHECK(out[0].type == "process_cpu");
   CHECK(out[0].process == r.process);
   CHECK(out[0].process_name == "unit_tests");
@@ -204,7 +204,7 @@ TEST_CASE("ProfileSet marks lost and truncated stacks and keeps unsymbolized fra
   auto out = set.Finish(0, 1);
   REQUIRE(out.size() == 1);
   CHECK(out[0].process_name == "myserver");
-  const Profile& p = out[0].profile;
+  const Profile& p = *out[0].profile;
   REQUIRE(p.sample_size() == 4);
   CHECK(p.sample(0).value(1) == 2000);
   CHECK(p.sample(0).label_size() == 0);
@@ -308,7 +308,7 @@ TEST_CASE("ProfileSet builds off_cpu wall and latency with SPEC's types and labe
   auto out = set.Finish(0, 10000000);
   REQUIRE(out.size() == 4);
   std::map<std::string, const perftools::profiles::Profile*> by_type;
-  for (const auto& p : out) by_type[p.type] = &p.profile;
+  for (const auto& p : out) by_type[p.type] = p.profile.get();
   auto str = [](const perftools::profiles::Profile& p, int64_t i) { return p.string_table(i); };
   auto label = [&](const perftools::profiles::Profile& p, int s, const std::string& k) {
     for (const auto& l : p.sample(s).label()) {
@@ -416,7 +416,7 @@ TEST_CASE("ProfileSet puts a group's processes in one profile, labelled and kept
     INFO(p.type);
     CHECK(p.process == self);
     CHECK(p.group.kind == ProfileGroup::Kind::kTree);
-    const auto& prof = p.profile;
+    const auto& prof = *p.profile;
     REQUIRE(prof.sample_size() == 2);
     auto label = [&](int s, const std::string& k) {
       for (const auto& l : prof.sample(s).label()) {
@@ -538,7 +538,7 @@ TEST_CASE("ProfileSet's overflow group holds what merging each image's own profi
     for (const OffCpuRecord& o : off[i]) own.AddOffCpu(o);
     for (const OnCpuRecord& r : on[i]) own.AddOnCpu(r);
     for (ProcessProfile& p : own.Finish(0, 1000000000)) {
-      REQUIRE(merged[p.type].Add(p.profile, p.process.tgid, p.process_name).ok());
+      REQUIRE(merged[p.type].Add(*p.profile, p.process.tgid, p.process_name).ok());
     }
   }
   // All images in one overflow group.
@@ -558,7 +558,7 @@ TEST_CASE("ProfileSet's overflow group holds what merging each image's own profi
     CHECK(p.group_processes == 3);
     REQUIRE(merged.count(p.type) == 1);
     const Profile expected = merged[p.type].Take();
-    const auto got = Canonical(p.profile);
+    const auto got = Canonical(*p.profile);
     CHECK(got == Canonical(expected));
     CHECK(got.size() == (p.type == "wall" ? 6u : 3u));
     for (const auto& [k, v] : got) {
@@ -567,14 +567,14 @@ TEST_CASE("ProfileSet's overflow group holds what merging each image's own profi
     }
     // One Mapping of the program, as in the merge: both processes' pcs are one Location.
     int program_mappings = 0;
-    for (const auto& m : p.profile.mapping()) {
-      program_mappings += p.profile.string_table(m.filename()) == program;
+    for (const auto& m : p.profile->mapping()) {
+      program_mappings += p.profile->string_table(m.filename()) == program;
     }
     CHECK(program_mappings == 1);
-    CHECK(p.profile.location_size() == expected.location_size());
+    CHECK(p.profile->location_size() == expected.location_size());
     bool comment = false;
-    for (int64_t c : p.profile.comment()) {
-      comment |= p.profile.string_table(c) ==
+    for (int64_t c : p.profile->comment()) {
+      comment |= p.profile->string_table(c) ==
                  "parascope: the profiles of 3 process images merged; each sample's labels pid "
                  "and process name its process";
     }

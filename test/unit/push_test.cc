@@ -39,7 +39,7 @@ Profile MakeProfile(int n, size_t name_len = 8, int states = 0, bool tid_labels 
     std::vector<int64_t> values = {1, i + 1};
     b.AddSample(locs, values, labels);
   }
-  return std::move(b).Build(1700000000000000000, 15000000000);
+  return *std::move(b).Build(1700000000000000000, 15000000000);
 }
 
 int64_t Total(const Profile& p, int column) {
@@ -227,7 +227,7 @@ TEST_CASE("sample labels: only low-cardinality keys stay, samples merge, totals 
       }
     }
   }
-  Profile p = std::move(b).Build(1, 1);
+  Profile p = *std::move(b).Build(1, 1);
   int64_t total = Total(p, 0);
   REQUIRE(p.sample_size() == 400);
   CHECK(KeepSampleLabels(&p, {"state", "parallelism"}) == 400 * 2);
@@ -477,8 +477,8 @@ ProcessProfile MakeProcessProfile(int samples = 10, const std::string& type = "p
   p.process.tgid = 42;
   p.process_name = "worker";
   p.type = type;
-  p.profile = MakeProfile(samples);
-  p.profile.set_time_nanos(absl::ToUnixNanos(absl::Now()));
+  *p.profile = MakeProfile(samples);
+  p.profile->set_time_nanos(absl::ToUnixNanos(absl::Now()));
   return p;
 }
 
@@ -536,7 +536,7 @@ TEST_CASE("exporter: one series, one sample, __name__ plus labels, gzip pprof, a
   CHECK(s.samples(0).raw_profile().substr(0, 2) == "\x1f\x8b");
   auto back = ParseMaybeGzip(s.samples(0).raw_profile());
   REQUIRE(back.ok());
-  CHECK(back->SerializeAsString() == p.profile.SerializeAsString());
+  CHECK(back->SerializeAsString() == p.profile->SerializeAsString());
   auto st = f.exporter->GetStats();
   CHECK(st.sent == 1);
   CHECK(st.enqueued == 1);
@@ -737,8 +737,8 @@ TEST_CASE("exporter: Shutdown gives up after shutdown_timeout, cancelling the re
 TEST_CASE("exporter: pushed profiles keep only the low-cardinality sample labels") {
   Fixture f;
   ProcessProfile p = MakeProcessProfile();
-  p.profile = MakeProfile(20, 8, /*states=*/2, /*tid_labels=*/true);
-  p.profile.set_time_nanos(absl::ToUnixNanos(absl::Now()));
+  *p.profile = MakeProfile(20, 8, /*states=*/2, /*tid_labels=*/true);
+  p.profile->set_time_nanos(absl::ToUnixNanos(absl::Now()));
   REQUIRE(f.exporter->Export(p).ok());
   REQUIRE(f.fake->WaitForCalls(1));
   auto back = ParseMaybeGzip(f.fake->requests()[0].series(0).samples(0).raw_profile());
@@ -748,7 +748,7 @@ TEST_CASE("exporter: pushed profiles keep only the low-cardinality sample labels
     for (const auto& l : s.label()) keys.insert(back->string_table(l.key()));
   }
   CHECK(keys == std::set<std::string>{"state"});
-  CHECK(Total(*back, 1) == Total(p.profile, 1));
+  CHECK(Total(*back, 1) == Total(*p.profile, 1));
 }
 
 TEST_CASE("exporter: oversized profiles are trimmed before they are queued") {

@@ -68,11 +68,11 @@ ProcessProfile MakeProfile(uint32_t tgid, int64_t t0_ms, size_t bytes, std::mt19
   p.process.start_boot_ns = uint64_t{tgid} * 10000000;  // 1 tick = 10 ms
   p.process.exec_id = 1;
   p.type = "process_cpu";
-  p.profile.set_time_nanos(t0_ms * 1000000);
-  p.profile.add_string_table("");
+  p.profile->set_time_nanos(t0_ms * 1000000);
+  p.profile->add_string_table("");
   std::string s(bytes, ' ');
   for (char& c : s) c = static_cast<char>('!' + (*rng)() % 90);
-  p.profile.add_string_table(s);
+  p.profile->add_string_table(s);
   return p;
 }
 
@@ -97,18 +97,18 @@ TEST_CASE(
   };
   auto parsed = ParseMaybeGzip(read(path));
   REQUIRE(parsed.ok());
-  CHECK(parsed->SerializeAsString() == p.profile.SerializeAsString());
+  CHECK(parsed->SerializeAsString() == p.profile->SerializeAsString());
   CHECK(Measure(root).files == 1);  // no .tmp left
   // Within one filesystem block (statfs f_bsize, 4 KiB or more on Linux): stored, not compressed.
-  CHECK(fs::file_size(path) == p.profile.ByteSizeLong() + kGzipStoredOverhead);
+  CHECK(fs::file_size(path) == p.profile->ByteSizeLong() + kGzipStoredOverhead);
   // Beyond a block: compressed (repetitive content, a tenth of its size or less).
   ProcessProfile big = MakeProfile(4242, 1700000005000, 10, &rng);
-  big.profile.add_string_table(std::string(200000, 'x'));
+  big.profile->add_string_table(std::string(200000, 'x'));
   REQUIRE(exporter.Export(big).ok());
-  CHECK(fs::file_size(exporter.PathFor(big)) < big.profile.ByteSizeLong() / 10);
+  CHECK(fs::file_size(exporter.PathFor(big)) < big.profile->ByteSizeLong() / 10);
   auto big_back = ParseMaybeGzip(read(exporter.PathFor(big)));
   REQUIRE(big_back.ok());
-  CHECK(big_back->SerializeAsString() == big.profile.SerializeAsString());
+  CHECK(big_back->SerializeAsString() == big.profile->SerializeAsString());
   fs::remove(exporter.PathFor(big));
   // The process's directory is removed while the exporter knows it (a user, or retention, in
   // the same window and after one): the next profile makes it again.
@@ -118,7 +118,7 @@ TEST_CASE(
     REQUIRE(exporter.Export(r).ok());
     auto r_back = ParseMaybeGzip(read(exporter.PathFor(r)));
     REQUIRE(r_back.ok());
-    CHECK(r_back->SerializeAsString() == r.profile.SerializeAsString());
+    CHECK(r_back->SerializeAsString() == r.profile->SerializeAsString());
     exporter.EndWindow(absl::Now());
   }
   fs::remove_all(root + "/4242");
@@ -133,7 +133,7 @@ TEST_CASE(
   REQUIRE(exporter.Export(q).ok());
   auto again = ParseMaybeGzip(read(exporter.PathFor(q)));
   REQUIRE(again.ok());
-  CHECK(again->SerializeAsString() == q.profile.SerializeAsString());
+  CHECK(again->SerializeAsString() == q.profile->SerializeAsString());
   CHECK(Measure(root).files == 1);
   // The root is moved aside and made again (`mv out out.old && mkdir out`): after the window,
   // profiles go to the new root, with their process directories made again.
@@ -144,7 +144,7 @@ TEST_CASE(
   REQUIRE(exporter.Export(moved).ok());
   auto moved_back = ParseMaybeGzip(read(exporter.PathFor(moved)));
   REQUIRE(moved_back.ok());
-  CHECK(moved_back->SerializeAsString() == moved.profile.SerializeAsString());
+  CHECK(moved_back->SerializeAsString() == moved.profile->SerializeAsString());
   CHECK(Measure(root).files == 1);
   CHECK(Measure(root + ".old").files == 1);
   // A root that cannot be made: an error naming the path, nothing written.
