@@ -12,14 +12,14 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "agent/bpf/libbpf_log.h"
@@ -32,13 +32,14 @@
 #include "agent/k8s/metadata.h"
 #include "agent/k8s/pod_watcher.h"
 #include "agent/k8s/pods.h"
-#include "agent/profile/profile_set.h"
-#include "agent/profile/summary.h"
 #include "agent/proc/command.h"
 #include "agent/proc/process_table.h"
 #include "agent/proc/read_file.h"
 #include "agent/proc/stat.h"
 #include "agent/proc/targets.h"
+#include "agent/profile/pprof_builder.h"
+#include "agent/profile/profile_set.h"
+#include "agent/profile/summary.h"
 #include "agent/server/http_server.h"
 #include "agent/server/metric_names.h"
 #include "agent/server/metrics.h"
@@ -1462,8 +1463,10 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
     schedule.Advance(data->end_mono_ns);
     by_process.clear();
     data = absl::StatusOr<WindowData>();
-    // Hand the window's freed heap (records, builders) back to the kernel so RSS follows the
-    // steady state, not the largest window (glibc keeps it otherwise).
+    // Hand the window's freed heap (records, builders) and its profiles' arena blocks back to
+    // the kernel so RSS follows the steady state, not the largest window (glibc keeps it
+    // otherwise).
+    ReleaseProfileArenaBlocks();
     malloc_trim(0);
     cpu_loop_end = ThreadCpuNs();
     Log(LogLevel::kDebug, "window %d: agent CPU ms in all %.1f", windows,

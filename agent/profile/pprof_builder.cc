@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <new>
 
 #include "absl/status/statusor.h"
@@ -15,15 +16,56 @@ namespace parascope {
 
 namespace {
 
+// Blocks freed by the arenas of a window, kept for the next arena (a window makes one per
+// process): without it every process's profiles cost an mmap, page faults on fresh pages and a
+// munmap with its TLB shootdown, measured at +120% agent CPU with 1000 processes a window.
+struct ArenaBlockCache {
+  std::mutex mu;
+  std::vector<void*> blocks;  // each kProfileArenaBlockBytes
+};
+ArenaBlockCache& BlockCache() {
+  static auto* cache = new ArenaBlockCache();  // never destroyed: arenas may outlive statics
+  return *cache;
+}
+
 void* ArenaBlockAlloc(size_t bytes) {
+  if (bytes == kProfileArenaBlockBytes) {
+    ArenaBlockCache& c = BlockCache();
+    std::lock_guard<std::mutex> l(c.mu);
+    if (!c.blocks.empty()) {
+      void* p = c.blocks.back();
+      c.blocks.pop_back();
+      return p;
+    }
+  }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
   return p;
 }
 
-void ArenaBlockDealloc(void* p, size_t bytes) { munmap(p, bytes); }
+void ArenaBlockDealloc(void* p, size_t bytes) {
+  if (bytes == kProfileArenaBlockBytes) {
+    ArenaBlockCache& c = BlockCache();
+    std::lock_guard<std::mutex> l(c.mu);
+    if (c.blocks.size() < kProfileArenaCachedBlocks) {
+      c.blocks.push_back(p);
+      return;
+    }
+  }
+  munmap(p, bytes);
+}
 
 }  // namespace
+
+void ReleaseProfileArenaBlocks() {
+  std::vector<void*> blocks;
+  {
+    ArenaBlockCache& c = BlockCache();
+    std::lock_guard<std::mutex> l(c.mu);
+    blocks.swap(c.blocks);
+  }
+  for (void* p : blocks) munmap(p, kProfileArenaBlockBytes);
+}
 
 std::shared_ptr<google::protobuf::Arena> NewProfileArena() {
   google::protobuf::ArenaOptions options;

@@ -68,9 +68,14 @@ struct LineRef {
 // malloc's heap, the window's many small objects (Samples, Labels, Locations, the builders'
 // dedup keys) left pages half-used between the long-lived allocations made meanwhile (symbol
 // caches, ELF files), which stayed resident after the window. Throws std::bad_alloc when mmap
-// fails, as operator new does.
+// fails, as operator new does. Freed blocks are kept (at most kProfileArenaCachedBlocks) for
+// the next arena until ReleaseProfileArenaBlocks. Thread-safe.
 inline constexpr size_t kProfileArenaBlockBytes = size_t{1} << 20;
+inline constexpr size_t kProfileArenaCachedBlocks = 4;
 std::shared_ptr<google::protobuf::Arena> NewProfileArena();
+// Unmaps the blocks kept for the next arena: at the end of a window, so that RSS between windows
+// holds none of them.
+void ReleaseProfileArenaBlocks();
 
 // Accumulates samples of one profile. Strings, Mappings, Functions and Locations are interned
 // (ids are 1-based and dense, string 0 is ""); samples with identical location lists and labels
