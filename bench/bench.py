@@ -1217,7 +1217,7 @@ def budgets(summary, footprint, life=None):
     churn = footprint.get("churn", {})
     if "rss_kib" in churn:
         rss[f"{SETTINGS['memory_minutes']:g} min churn, median of the last minute; at the end "
-            f"{mib(churn['rss_kib'])}"] = churn.get("rss_steady_kib", churn["rss_kib"])
+            f"{mib(churn['rss_kib'])} MiB"] = churn.get("rss_steady_kib", churn["rss_kib"])
     worst = max(rss.items(), key=lambda kv: kv[1]) if rss else None
     peaks = [r["maxrss_kib"] for r in (cpu.get("parascope", {}), live, churn)
              if "maxrss_kib" in r]

@@ -96,7 +96,8 @@ class FileExporter : public Exporter {
   bool MergesProcess(const proc::ProcessKey& key);
   // Writes `profile`, an overflow group's profile of one type holding `group_processes` images,
   // as the next DIR/overflow/<part>/ of its type, with the comment merged parts carry.
-  // Counted in merged_profiles (one per image). Errors: as Export's (nothing is pending).
+  // Counted in merged_profiles (one per image). Adds the comment to `profile.profile`, which
+  // copies of `profile` share. Errors: as Export's (nothing is pending).
   absl::Status ExportMergedPart(ProcessProfile profile);
 
   // Estimated bytes (ProfileMerger::approx_bytes) at which a merged profile is written as one

@@ -18,7 +18,8 @@ namespace {
 
 // Blocks freed by the arenas of a window, kept for the next arena (a window makes one per
 // process): without it every process's profiles cost an mmap, page faults on fresh pages and a
-// munmap with its TLB shootdown, measured at +120% agent CPU with 1000 processes a window.
+// munmap with its TLB shootdown (make bench: scenario 3 took 0.265 s of agent CPU a window
+// without the cache, 0.183 s with it; 2 min of churn 5.29% and 4.43% of a core).
 struct ArenaBlockCache {
   std::mutex mu;
   std::vector<void*> blocks;  // each kProfileArenaBlockBytes
@@ -65,6 +66,12 @@ void ReleaseProfileArenaBlocks() {
     blocks.swap(c.blocks);
   }
   for (void* p : blocks) munmap(p, kProfileArenaBlockBytes);
+}
+
+size_t CachedProfileArenaBlocks() {
+  ArenaBlockCache& c = BlockCache();
+  std::lock_guard<std::mutex> l(c.mu);
+  return c.blocks.size();
 }
 
 std::shared_ptr<google::protobuf::Arena> NewProfileArena() {

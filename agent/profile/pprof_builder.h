@@ -62,20 +62,24 @@ struct LineRef {
   int64_t line = 0;
 };
 
-// A protobuf arena (google/protobuf/arena.h) for the profiles of one collection window: its
-// blocks are anonymous mmaps of kProfileArenaBlockBytes (pages become resident as they are
-// written), so that freeing the arena returns a window's profiles to the kernel whole. Built in
-// malloc's heap, the window's many small objects (Samples, Labels, Locations, the builders'
-// dedup keys) left pages half-used between the long-lived allocations made meanwhile (symbol
-// caches, ELF files), which stayed resident after the window. Throws std::bad_alloc when mmap
-// fails, as operator new does. Freed blocks are kept (at most kProfileArenaCachedBlocks) for
-// the next arena until ReleaseProfileArenaBlocks. Thread-safe.
+// A protobuf arena (google/protobuf/arena.h) for the profiles a ProfileSet builds until its next
+// Finish (one process's, or a group's): its blocks are anonymous mmaps of
+// kProfileArenaBlockBytes (pages become resident as they are written), so that freeing the
+// arena returns those profiles' memory whole. Built in malloc's heap, a window's many small
+// objects (Samples, Labels, Locations, the builders' dedup keys) left pages half-used between
+// the long-lived allocations made meanwhile (symbol caches, ELF files), which stayed resident
+// after the window. (Strings longer than the small-string buffer keep their characters on the
+// heap: the arena holds only their std::string.) Throws std::bad_alloc when mmap fails, as
+// operator new does. Freed blocks are kept (at most kProfileArenaCachedBlocks) for the next
+// arena until ReleaseProfileArenaBlocks. Thread-safe.
 inline constexpr size_t kProfileArenaBlockBytes = size_t{1} << 20;
 inline constexpr size_t kProfileArenaCachedBlocks = 4;
 std::shared_ptr<google::protobuf::Arena> NewProfileArena();
 // Unmaps the blocks kept for the next arena: at the end of a window, so that RSS between windows
 // holds none of them.
 void ReleaseProfileArenaBlocks();
+// How many freed blocks are kept for the next arena (<= kProfileArenaCachedBlocks).
+size_t CachedProfileArenaBlocks();
 
 // Accumulates samples of one profile. Strings, Mappings, Functions and Locations are interned
 // (ids are 1-based and dense, string 0 is ""); samples with identical location lists and labels
@@ -133,7 +137,7 @@ class PprofBuilder {
   }
 
   size_t sample_count() const { return profile_->sample_size(); }
-  // Estimated heap bytes of the profile so far (protobuf objects and the dedup tables, counted
+  // Estimated bytes of the profile so far (protobuf objects and the dedup tables, counted
   // as ProfileMerger::approx_bytes counts them): what a caller bounds a large profile's memory by.
   size_t approx_bytes() const { return approx_bytes_; }
   // Sum over samples of value[index].

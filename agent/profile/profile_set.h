@@ -75,8 +75,9 @@ struct ProcessProfile {
   proc::ProcessKey process;
   std::string process_name;  // comm of the process, "" if it could not be read
   std::string type;          // SPEC `__name__`, e.g. "process_cpu"
-  // Never null. From ProfileSet::Finish it lives on the window's arena (NewProfileArena), which
-  // this pointer keeps alive: the window's memory is freed when its last profile is.
+  // Not null (until moved from). From ProfileSet::Finish it lives on the arena of that Finish
+  // (NewProfileArena), which this pointer keeps alive: the arena is freed with the last of its
+  // profiles. A copy of a ProcessProfile shares the Profile.
   std::shared_ptr<perftools::profiles::Profile> profile =
       std::make_shared<perftools::profiles::Profile>();
   ProfileGroup group;        // kind kNone: the profile of `process` alone
@@ -221,8 +222,8 @@ class ProfileSet {
   proc::ProcessTable* processes_;
   ProfileStats stats_;
   absl::flat_hash_map<OwnerKey, PerProcess> per_process_;
-  // The window's profiles and their builders' keys (NewProfileArena): made by the first builder
-  // of a window, handed to the profiles by Finish.
+  // The profiles being built and their builders' keys (NewProfileArena): made by the first
+  // builder after a Finish, handed to the profiles by the next Finish.
   std::shared_ptr<google::protobuf::Arena> arena_;
   // Symbolized user frames of the processes being built, by (process, address, leaf): an
   // address symbolized for one profile type is not symbolized again for the others (an on-CPU

@@ -772,7 +772,8 @@ TEST_CASE("collector: cached stacks keep their ips when their pool is compacted"
   std::vector<uint64_t> long_stack(30);
   for (size_t i = 0; i < long_stack.size(); ++i) long_stack[i] = 100 + i;
   maps.buffers[1].stacks[0x50] = Stack(long_stack);
-  maps.buffers[1].oncpu = {OnCpuOfA(1, 0x10), OnCpuOfA(2, 0x20), OnCpuOfA(3, 0x30), OnCpuOfA(4, 0x50)};
+  maps.buffers[1].oncpu = {OnCpuOfA(1, 0x10), OnCpuOfA(2, 0x20), OnCpuOfA(3, 0x30),
+                           OnCpuOfA(4, 0x50)};
   WindowData last = collector.Collect(kT1 + 5 * (kT2 - kT1), kT1 + 6 * (kT2 - kT1), 1, false);
   REQUIRE(last.oncpu.size() == 4);
   for (const OnCpuRecord& r : last.oncpu) {

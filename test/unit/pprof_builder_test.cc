@@ -94,8 +94,9 @@ TEST_CASE("PprofBuilder: builders on one arena, a fork, profiles that outlive th
   // sample {l2} of 7 ns (a new Function) and a Location with lines. The fork's dedup tables
   // are its own: it has one sample (15 ns), the original two (10 + 7 ns), and the same Location
   // with lines added to the fork afterwards is a new id there (2; the original's is 3). Both
-  // profiles stay whole after the builders and the caller's arena pointer are gone (the arena's
-  // blocks are munmap'd when it is freed, so a profile that did not keep it alive would fault).
+  // profiles stay whole after the builders and the caller's arena pointer are gone and the freed
+  // blocks kept for the next arena are unmapped (ReleaseProfileArenaBlocks): a profile that did
+  // not keep its arena alive would read unmapped memory and fault.
   std::shared_ptr<Profile> off_profile, wall_profile;
   {
     std::shared_ptr<google::protobuf::Arena> arena = NewProfileArena();
@@ -123,6 +124,7 @@ TEST_CASE("PprofBuilder: builders on one arena, a fork, profiles that outlive th
     off_profile = std::move(off).Build(1, 2);
     wall_profile = std::move(*wall).Build(1, 2);
   }
+  ReleaseProfileArenaBlocks();
   const Profile& o = *off_profile;
   const Profile& w = *wall_profile;
   REQUIRE(o.sample_size() == 2);
@@ -141,6 +143,33 @@ TEST_CASE("PprofBuilder: builders on one arena, a fork, profiles that outlive th
   CHECK(w.location(1).line(0).line() == 12);
   CHECK(Str(o, o.function(1).name()) == "b");
   CHECK(Str(w, w.sample(0).label(0).str()) == "w");
+}
+
+TEST_CASE("profile arenas: freed blocks are kept for the next arena, at most four, until released",
+          "[profile]") {
+  // Ground truth: six arenas with a block each are freed: four blocks are kept, two unmapped. A
+  // new arena takes one (three left). A block made for one allocation larger than a block is
+  // unmapped when freed, not kept: freeing that arena gives back only its first block (four).
+  ReleaseProfileArenaBlocks();
+  REQUIRE(CachedProfileArenaBlocks() == 0);
+  {
+    std::vector<std::shared_ptr<google::protobuf::Arena>> arenas;
+    for (int i = 0; i < 6; ++i) {
+      arenas.push_back(NewProfileArena());
+      google::protobuf::Arena::CreateArray<char>(arenas.back().get(), 16)[0] = 'x';
+    }
+    CHECK(CachedProfileArenaBlocks() == 0);
+  }
+  CHECK(CachedProfileArenaBlocks() == kProfileArenaCachedBlocks);
+  std::shared_ptr<google::protobuf::Arena> a = NewProfileArena();
+  google::protobuf::Arena::CreateArray<char>(a.get(), 16)[0] = 'x';
+  CHECK(CachedProfileArenaBlocks() == kProfileArenaCachedBlocks - 1);
+  char* big = google::protobuf::Arena::CreateArray<char>(a.get(), 2 * kProfileArenaBlockBytes);
+  big[2 * kProfileArenaBlockBytes - 1] = 'x';
+  a.reset();
+  CHECK(CachedProfileArenaBlocks() == kProfileArenaCachedBlocks);
+  ReleaseProfileArenaBlocks();
+  CHECK(CachedProfileArenaBlocks() == 0);
 }
 
 TEST_CASE("pprof gzip round trip is byte-exact", "[profile]") {
