@@ -224,14 +224,22 @@ constexpr uint64_t kUserStack = 0x5555;
 const std::vector<uint64_t> kKernelIps = {0xffffffff81000010, 0xffffffff81000020};
 const std::vector<uint64_t> kUserIps = {0x401000, 0x402000, 0x403000};
 
-// An on-CPU entry of process A's thread `tid`: one sample of 10 ms whose kernel stack is
-// `kernel_stack` (a stack id) and no user stack.
-std::pair<ps_oncpu_key, ps_oncpu_value> OnCpuOfA(uint32_t tid, uint64_t kernel_stack) {
-  ps_oncpu_key k{};
+// A BPF map key (ps_oncpu_key, ps_offcpu_key) of thread `tid` of process A: its identity
+// fields set, the others zero.
+template <typename Key>
+Key KeyOfA(uint32_t tid) {
+  Key k{};
   k.tgid = kProcA.tgid;
   k.tid = tid;
   k.tgid_start_ns = kProcA.start_boot_ns;
   k.exec_id = kProcA.exec_id;
+  return k;
+}
+
+// An on-CPU entry of process A's thread `tid`: one sample of 10 ms whose kernel stack is
+// `kernel_stack` (a stack id) and no user stack.
+std::pair<ps_oncpu_key, ps_oncpu_value> OnCpuOfA(uint32_t tid, uint64_t kernel_stack) {
+  ps_oncpu_key k = KeyOfA<ps_oncpu_key>(tid);
   k.kernel_stack = kernel_stack;
   k.parallelism = 1;
   ps_oncpu_value v{};
@@ -794,11 +802,7 @@ TEST_CASE("collector: the default stack cache bound is 65536 stacks", "[collect]
   CHECK(collector.map_stats().stack_cache == 65536);
   CHECK(collector.map_stats().stack_cache_evicted == 1);
 
-  ps_oncpu_key k{};
-  k.tgid = kProcA.tgid;
-  k.tid = 1;
-  k.tgid_start_ns = kProcA.start_boot_ns;
-  k.exec_id = kProcA.exec_id;
+  ps_oncpu_key k = KeyOfA<ps_oncpu_key>(1);
   k.kernel_stack = 1;
   k.user_stack = 2;
   ps_oncpu_value v{};
@@ -818,11 +822,7 @@ std::pair<ps_offcpu_key, ps_offcpu_value> Weighted(uint32_t tid, uint64_t user_s
                                                    uint64_t raw_ns, uint64_t weight,
                                                    uint64_t intervals,
                                                    uint32_t state = PS_STATE_SLEEPING) {
-  ps_offcpu_key k{};
-  k.tgid = kProcA.tgid;
-  k.tid = tid;
-  k.tgid_start_ns = kProcA.start_boot_ns;
-  k.exec_id = kProcA.exec_id;
+  ps_offcpu_key k = KeyOfA<ps_offcpu_key>(tid);
   k.user_stack = user_stack;
   k.kernel_stack = kKernelStack;
   k.state = state;
