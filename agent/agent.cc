@@ -259,6 +259,22 @@ class AgentMetrics {
               {{"weighted"}, static_cast<double>(c[PS_CTR_OFFCPU_WEIGHTED])}};
         }));
     regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_offcpu_stack_captures_total",
+        "Switch-outs whose off-CPU stacks sched_switch captured (a kernel stack and a user walk "
+        "or memo hit each).",
+        {}, [this] {
+          return std::vector<CallbackSample>{
+              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_OFFCPU_CAPTURES])}};
+        }));
+    regs_.push_back(registry->AddCallback(
+        MetricType::kCounter, "parascope_offcpu_stack_capture_seconds_total",
+        "CPU time of those captures, all CPUs (the clock read before and after each, in the "
+        "switching thread's context); --off-cpu-stack-cpu-budget bounds it per CPU.",
+        {}, [this] {
+          return std::vector<CallbackSample>{
+              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_OFFCPU_CAPTURE_NS]) / 1e9}};
+        }));
+    regs_.push_back(registry->AddCallback(
         MetricType::kCounter, "parascope_unwind_stacks_total",
         "User stacks walked by the BPF unwinder, by outcome: complete (reached the outermost "
         "frame), truncated (127 frames and more remained), or stopped early: no_table_yet (the "
@@ -1020,6 +1036,8 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
   opts.min_offcpu_ns = absl::ToInt64Nanoseconds(config.off_cpu_min_duration);
   opts.offcpu_stack_rate = static_cast<uint32_t>(config.off_cpu_stack_rate);
   opts.offcpu_stack_budget = static_cast<uint32_t>(config.off_cpu_stack_budget);
+  // P% of the 1e9 ns of a second.
+  opts.offcpu_stack_cpu_ns = static_cast<uint64_t>(config.off_cpu_stack_cpu_budget * 1e7);
   opts.unwind_table_bytes = static_cast<uint64_t>(config.unwind_table_bytes);
   // Open files: pinned mapped files and perf maps, BPF maps and programs, perf events (one per
   // CPU), sockets. The soft RLIMIT_NOFILE (often 1024) is raised to the hard one (setrlimit(2);
@@ -1085,6 +1103,13 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
         PS_BUDGET_EXACT_OFFCPU_NS / 1000000,
         " ms or more count once, exactly, and a thread's next wait after one is captured "
         "outside the budget (up to as many again)");
+  }
+  if (config.off_cpu_stack_cpu_budget > 0) {
+    absl::StrAppend(
+        &popts.offcpu_description, popts.offcpu_description.empty() ? "parascope: " : "; ",
+        "a CPU whose off-CPU stack captures took more than ", config.off_cpu_stack_cpu_budget,
+        "% of it samples them the same way, c = ceil(rate * mean capture time / ",
+        config.off_cpu_stack_cpu_budget, "% of a second)");
   }
   if (!popts.offcpu_description.empty()) {
     absl::StrAppend(&popts.offcpu_description,

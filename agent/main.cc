@@ -46,6 +46,9 @@ ABSL_FLAG(
     "off-CPU stack captures per second per CPU, all threads together; above it stacks are "
     "sampled and weighted, intervals of 100 ms or more still count exactly, and threads whose "
     "last wait lasted that long are captured within as many again (0: no budget)");
+ABSL_FLAG(double, off_cpu_stack_cpu_budget, 0.5,
+          "percent of each CPU the off-CPU stack captures may take; above it they are sampled "
+          "like --off-cpu-stack-budget (the stricter of the two applies; 0: no limit in time)");
 ABSL_FLAG(std::string, output_dir, "",
           "write DIR/<pid>/<start ticks>.<exec id>/<profile>-<t0 unix ms>.pb.gz (gzip pprof) each "
           "window");
@@ -227,6 +230,7 @@ int main(int argc, char** argv) {
   config.off_cpu_min_duration = absl::GetFlag(FLAGS_off_cpu_min_duration);
   config.off_cpu_stack_rate = absl::GetFlag(FLAGS_off_cpu_stack_rate);
   config.off_cpu_stack_budget = absl::GetFlag(FLAGS_off_cpu_stack_budget);
+  config.off_cpu_stack_cpu_budget = absl::GetFlag(FLAGS_off_cpu_stack_cpu_budget);
   config.output_dir = absl::GetFlag(FLAGS_output_dir);
   config.output_max_bytes = absl::GetFlag(FLAGS_output_max_bytes);
   config.output_max_age = absl::GetFlag(FLAGS_output_max_age);

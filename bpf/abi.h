@@ -153,8 +153,17 @@ PS_STATIC_ASSERT(sizeof(struct ps_oncpu_value) == 32, "ps_oncpu_value layout");
  * (ps_thread_state.last_long) has its next voluntary switch-out captured outside the budget,
  * weight 1, while the CPU has taken fewer than B such captures a second: a thread that mostly
  * waits long, the one whose waits matter, keeps its user stack (which switch-in cannot take: the
- * thread's memory is not current then). So a CPU captures at most 2B a second. A walk costs 2-5
- * us here: B = 1000 holds the walks to about 0.5-1% of each CPU. B = 0: no budget. */
+ * thread's memory is not current then). So a CPU captures at most 2B a second. B = 0: no budget.
+ *
+ * The budget in CPU time (--off-cpu-stack-cpu-budget P, ps_cfg_stack_cpu_ns: P% of a second, in
+ * ns): a capture's cost depends on the host (2-5 us on the VM the budget B was tuned on; 9-11 us
+ * for the kernel stack alone, bpf_get_stack, and 3-8 us for the user walk on a 6.18 guest of the
+ * same kind, measured with the clock around each), so B alone does not bound the CPU the walks
+ * take. Each CPU also sums the clock time of its captures in the period; c is then at least
+ * ceil(rate * m / T), m the mean cost of a capture in the last period that had one and T the
+ * allowance in ns per second, so that candidates take at most about P% of the CPU; the exempt
+ * captures stay within as much again (their count a period times m, within T / 10). The stricter
+ * of the two limits applies. P = 0: no limit in time. */
 #define PS_BUDGET_EXACT_OFFCPU_NS 100000000ULL /* 100 ms */
 
 /* How many times an off-CPU interval of `ns` counts (ns and count), given the stages' choices at
@@ -366,9 +375,13 @@ struct ps_cpu_state {
   __u32 budget_count;    /* capture candidates in it (exempt ones not included) */
   __u32 budget_weight;   /* c from the last period (0 or 1: capture every candidate) */
   __u32 budget_exempt;   /* captures in it outside the budget (ps_thread_state.last_long) */
+  __u32 budget_captures; /* captures in it, exempt ones included */
+  __u64 budget_capture_ns; /* their CPU time (ns: the clock read before and after each) */
+  __u32 budget_cost_ns;    /* mean CPU time of a capture (ns) in the last period that had one; 0:
+                              none yet */
   __u32 pad2;
 };
-PS_STATIC_ASSERT(sizeof(struct ps_cpu_state) == 120, "ps_cpu_state layout");
+PS_STATIC_ASSERT(sizeof(struct ps_cpu_state) == 136, "ps_cpu_state layout");
 
 /* Switches the sched_switch tracepoint did not report. On some hosts the tracepoint misses a
  * share of switches (seen on a PVM guest: switches out of the host agent's threads, ~2-7% of all
@@ -437,7 +450,9 @@ PS_STATIC_ASSERT(sizeof(struct ps_runtime_key) == 16, "ps_runtime_key layout");
                                         (ps_user_memo), not walked again */
 /* switch-outs not captured for their CPU's capture budget (--off-cpu-stack-budget) */
 #define PS_CTR_OFFCPU_OVER_BUDGET 35
-#define PS_CTR_NUM 36
+#define PS_CTR_OFFCPU_CAPTURES 36   /* switch-outs whose stacks sched_switch captured */
+#define PS_CTR_OFFCPU_CAPTURE_NS 37 /* their CPU time, ns (the clock read before and after) */
+#define PS_CTR_NUM 38
 
 /* Default capacities; the daemon sizes ps_stacks<N> and ps_oncpu<N> before load from the CPU count,
  * frequency and window, ps_sched_stacks<N> by whether off-CPU stacks are taken, and ps_threads

@@ -133,6 +133,12 @@ static __always_inline void ps_count(__u32 idx) {
     __sync_fetch_and_add(c, 1); /* atomic: an NMI-driven sample may nest in another program */
 }
 
+/* Adds `delta` to counter idx (a sum, such as ns). */
+static __always_inline void ps_count_add(__u32 idx, __u64 delta) {
+  __u64 *c = bpf_map_lookup_elem(&ps_counters, &idx);
+  if (c) __sync_fetch_and_add(c, delta);
+}
+
 /* Counts a failed hash insert (err: bpf_map_update_elem's result, not 0 or -EEXIST): -EBUSY as
  * PS_CTR_MAP_BUSY (the bucket lock was held on this CPU, see "Maps written from NMI context"),
  * anything else (-E2BIG: full) as `full_ctr`. */

@@ -31,6 +31,8 @@ const volatile __u32 ps_cfg_offcpu = 1;        /* track off-CPU intervals (off_c
 const volatile __u64 ps_cfg_min_offcpu_ns = 0; /* --off-cpu-min-duration */
 const volatile __u32 ps_cfg_stack_rate = 0;    /* --off-cpu-stack-rate (0: every switch-out) */
 const volatile __u32 ps_cfg_stack_budget = 0;  /* --off-cpu-stack-budget (0: no budget) */
+/* --off-cpu-stack-cpu-budget: capture CPU time allowed per second per CPU, ns (0: no limit). */
+const volatile __u64 ps_cfg_stack_cpu_ns = 0;
 /* 1: thread states live in ps_thread_storage (task storage), 0: in the ps_threads hash. Set by
  * the daemon from the kernel's BTF (agent/bpf/programs.cc LoadSched); every task-storage helper
  * call below sits in a branch on it, which the verifier removes as dead code where it is 0, so
@@ -340,21 +342,35 @@ static __always_inline __u32 ps_stack_sample(struct ps_thread_state *ts, __u64 n
  * when they are not to be captured. `exempt` (a voluntary switch-out of a thread whose last wait
  * was long): captured with weight 1 within the CPU's allowance for those, else a candidate. */
 static __always_inline __u32 ps_budget_sample(struct ps_cpu_state *cs, __u64 now, int exempt) {
-  if (ps_cfg_stack_budget == 0) return 1;
+  if (ps_cfg_stack_budget == 0 && ps_cfg_stack_cpu_ns == 0) return 1;
   __u64 elapsed = now - cs->budget_start_ns;
   if (elapsed >= PS_RATE_PERIOD_NS) {
     /* c = ceil(rate / B), rate = candidates per second over the period that just ended: at most
-     * B captures a second. */
+     * B captures a second; and at least ceil(rate * m / T): at most T ns of captures a second. */
     __u64 rate = (__u64)cs->budget_count * 1000000000ULL / elapsed;
-    __u64 c = (rate + ps_cfg_stack_budget - 1) / ps_cfg_stack_budget;
+    __u64 c = ps_cfg_stack_budget ? (rate + ps_cfg_stack_budget - 1) / ps_cfg_stack_budget : 1;
+    if (cs->budget_captures) {
+      __u64 m = cs->budget_capture_ns / cs->budget_captures;
+      cs->budget_cost_ns = m > 0xffffffffULL ? 0xffffffffU : (__u32)m;
+    }
+    if (ps_cfg_stack_cpu_ns) {
+      __u64 ct = (rate * cs->budget_cost_ns + ps_cfg_stack_cpu_ns - 1) / ps_cfg_stack_cpu_ns;
+      if (ct > c) c = ct;
+    }
     cs->budget_weight = c > PS_MAX_STACK_WEIGHT ? PS_MAX_STACK_WEIGHT : (__u32)c;
     cs->budget_start_ns = now;
     cs->budget_count = 0;
     cs->budget_exempt = 0;
+    cs->budget_captures = 0;
+    cs->budget_capture_ns = 0;
   }
-  /* Exempt: within B a second of its own (B / 10 a period), not a candidate (c unchanged). */
+  /* Exempt: within B a second of its own (B / 10 a period), and T ns a second (T / 10 a
+   * period at the last mean cost), not a candidate (c unchanged). */
+  const __u64 periods = 1000000000ULL / PS_RATE_PERIOD_NS;
   if (exempt &&
-      (__u64)cs->budget_exempt * (1000000000ULL / PS_RATE_PERIOD_NS) < ps_cfg_stack_budget) {
+      (ps_cfg_stack_budget == 0 || (__u64)cs->budget_exempt * periods < ps_cfg_stack_budget) &&
+      (ps_cfg_stack_cpu_ns == 0 ||
+       (__u64)cs->budget_exempt * cs->budget_cost_ns * periods < ps_cfg_stack_cpu_ns)) {
     cs->budget_exempt++;
     return 1;
   }
@@ -415,7 +431,9 @@ static __always_inline int ps_switch_out(void *ctx, struct ps_cpu_state *cs,
   if (ts->tgid != tgid || ts->tgid_start_ns != tgid_start_ns || ts->exec_id != exec_id)
     ts->memo.n = 0;
   const int capture = ts->stack_weight && ts->budget_weight;
+  __u64 capture_start = 0;
   if (capture) {
+    capture_start = bpf_ktime_get_ns();
     void *stacks = buf == 0 ? (void *)&ps_sched_stacks0 : (void *)&ps_sched_stacks1;
     ts->kernel_stack = ps_capture_kernel_stack(ctx, &ps_sched_scratch, stacks, &ts->kernel_stack_err);
     /* The user stack: the thread's last walk if it still holds (abi.h ps_user_memo), else a
@@ -447,8 +465,18 @@ static __always_inline int ps_switch_out(void *ctx, struct ps_cpu_state *cs,
    * captured intervals would be longer than uncaptured ones by the walk (~5 us here) and their
    * weights would inflate the off-CPU total (measured: +19% at 20k switches/s). Without a walk
    * `now` stands (a clock read is 20-40 ns on a kvm-clock guest). */
-  ts->out_ns = capture ? bpf_ktime_get_ns() : now;
-  return capture;
+  if (!capture) {
+    ts->out_ns = now;
+    return 0;
+  }
+  __u64 done = bpf_ktime_get_ns();
+  ts->out_ns = done;
+  /* The capture's CPU time, for the budget in time (ps_budget_sample) and /metrics. */
+  cs->budget_captures++;
+  cs->budget_capture_ns += done - capture_start;
+  ps_count(PS_CTR_OFFCPU_CAPTURES);
+  ps_count_add(PS_CTR_OFFCPU_CAPTURE_NS, done - capture_start);
+  return 1;
 }
 
 /* Adds prev's on-CPU time [from, now] to ps_runtime<buf>. The part before the window start ws

@@ -386,6 +386,7 @@ absl::Status BpfPrograms::LoadSched(const Options& options) {
   sched_->rodata->ps_cfg_min_offcpu_ns = options.min_offcpu_ns;
   sched_->rodata->ps_cfg_stack_rate = options.offcpu_stack_rate;
   sched_->rodata->ps_cfg_stack_budget = options.offcpu_stack_budget;
+  sched_->rodata->ps_cfg_stack_cpu_ns = options.offcpu_stack_cpu_ns;
   // tp_btf only: every kernel at the 5.10 floor has it (5.5+), and the raw_tp form cannot pass
   // the verifier (its task pointers are plain scalars there, which bpf_get_task_stack refuses).
   sched_kind_ = "tp_btf";

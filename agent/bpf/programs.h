@@ -61,6 +61,9 @@ class BpfPrograms : public WindowSource {
     // Off-CPU stack captures per second per CPU, over all its threads, before they are sampled
     // (bpf/abi.h, PS_BUDGET_EXACT_OFFCPU_NS); 0: no budget.
     uint32_t offcpu_stack_budget = 0;
+    // CPU time its off-CPU stack captures may take per second per CPU, ns, before they are
+    // sampled (bpf/abi.h, the budget in CPU time); 0: no limit in time.
+    uint64_t offcpu_stack_cpu_ns = 0;
     // Arguments of the sched_switch tracepoint to build for: 0 reads them from the kernel's BTF
     // (agent/bpf/probe.h TracepointArgCount): 4 since Linux 5.18, which pass prev_state, else 3.
     // 3 forces the fallback that reads prev's state from its task_struct (tests use it where

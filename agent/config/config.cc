@@ -37,6 +37,11 @@ absl::Status Config::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("--off-cpu-stack-budget: must not be negative, got ", off_cpu_stack_budget));
   }
+  if (!(off_cpu_stack_cpu_budget >= 0 && off_cpu_stack_cpu_budget <= 100)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--off-cpu-stack-cpu-budget: must be a percentage from 0 to 100, got ",
+                     off_cpu_stack_cpu_budget));
+  }
   if (!remote_url.empty()) {
     if (!absl::StartsWith(remote_url, "http://") && !absl::StartsWith(remote_url, "https://")) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -42,6 +42,10 @@ struct Config {
   // with unbiased weights (--off-cpu-stack-budget; bpf/abi.h PS_BUDGET_EXACT_OFFCPU_NS); 0: no
   // budget.
   int32_t off_cpu_stack_budget = 1000;
+  // Percent of each CPU its off-CPU stack captures may take before they are sampled with
+  // unbiased weights (--off-cpu-stack-cpu-budget; bpf/abi.h, the budget in CPU time); the
+  // stricter of this and off_cpu_stack_budget applies. 0: no limit in time. In [0, 100].
+  double off_cpu_stack_cpu_budget = 0.5;
   // Write DIR/<pid>/<start ticks>.<exec id>/<name>-<t0 unix ms>.pb.gz; empty = no files.
   std::string output_dir;
   // Retention of output_dir (export/retention.h): bound of the profile files' allocated bytes

@@ -8,22 +8,23 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <regex>
-#include <fstream>
 #include <set>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/ascii.h"
 #include "test/e2e/e2e_util.h"
 
 namespace parascope::testing {
@@ -150,6 +151,10 @@ struct Session {
   int pid = 0;
   std::map<std::string, std::string> done;
   std::string agent_log;
+  // With RunSession's `metrics`: the agent's /metrics once the workload's phase was done (the
+  // agent still ran), and the seconds from the agent's start to that scrape.
+  std::string metrics;
+  double metrics_after_s = 0;
 
   int64_t Done(const std::string& key) const {
     auto it = done.find(key);
@@ -161,9 +166,12 @@ struct Session {
   }
 };
 
+// `metrics`: the agent serves /metrics on a free port, scraped into s->metrics once the
+// workload's phase is done.
 void RunSession(Session* s, const std::vector<std::string>& workload,
                 const std::vector<std::string>& agent_args, const std::string& out_dir,
-                int phase_timeout_s, const std::vector<std::string>& agent_prefix = {}) {
+                int phase_timeout_s, const std::vector<std::string>& agent_prefix = {},
+                bool metrics = false) {
   s->work = std::make_unique<Child>(workload);
   std::string line;
   REQUIRE(s->work->ReadStdoutLine(&line));
@@ -175,17 +183,29 @@ void RunSession(Session* s, const std::vector<std::string>& workload,
   argv.push_back(absl::StrCat("--pid=", s->pid));
   argv.push_back("--output-dir=" + out_dir);
   argv.insert(argv.end(), agent_args.begin(), agent_args.end());
+  if (metrics) argv.push_back("--http-address=127.0.0.1:0");
+  const auto agent_start = std::chrono::steady_clock::now();
   Child agent(argv);
   INFO("agent: " << absl::StrJoin(argv, " "));
   bool attached = agent.WaitForStderr("attached:", &line);
   INFO("agent stderr so far:\n" << agent.stderr_text());
   REQUIRE(attached);
+  int port = 0;
+  if (metrics) {
+    port = MetricsPort(agent.stderr_text());
+    REQUIRE(port > 0);
+  }
   s->work->WriteStdin("go\n");
   bool done = s->work->ReadStdoutLine(&line, phase_timeout_s);
   INFO("workload stdout: " << s->work->stdout_text());
   REQUIRE(done);
   REQUIRE(absl::StartsWith(line, "done "));
   s->done = KeyValues(line);
+  if (metrics) {
+    s->metrics = Scrape(port);
+    s->metrics_after_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - agent_start).count();
+  }
   // The ground truth is only comparable if the whole measured phase lay inside the agent's run.
   bool agent_ran_through_phase = agent.Running();
   int status = agent.Wait(120);
@@ -288,11 +308,12 @@ struct FastRun {
   int64_t total = 0, in20 = 0, in60 = 0, wall_total = 0;
   uint64_t not_captured = 0, over_budget = 0, weighted = 0;
 
-  explicit FastRun(const std::vector<std::string>& agent_args) {
+  explicit FastRun(const std::vector<std::string>& agent_args, bool metrics = false) {
     std::vector<std::string> args = {"--profiles=off_cpu,wall", "--duration=6s",
                                      "--sampling-frequency=499"};
     args.insert(args.end(), agent_args.begin(), agent_args.end());
-    RunSession(&s, {std::string(PS_WORKLOAD_DIR) + "/offcpu_fast", "4"}, args, out.path(), 30);
+    RunSession(&s, {std::string(PS_WORKLOAD_DIR) + "/offcpu_fast", "4"}, args, out.path(), 30, {},
+               metrics);
     tid = s.Done("tid");
     life = s.Done("life_ns");
     cpu = s.Done("cpu_ns");
@@ -402,6 +423,43 @@ TEST_CASE(
   CHECK(Ratio(stalled, stall_truth) == Approx(1.0).margin(0.05));
   CHECK(Ratio(stalled_in_kernel, stalled) >= 0.85);
   CHECK(Ratio(stalled_in_user, stalled) >= 0.85);
+  f.s.work->CloseStdin();
+  CHECK(f.s.work->Wait(10) == 0);
+}
+
+// The capture budget in CPU time (--off-cpu-stack-cpu-budget, bpf/abi.h): with the per-thread
+// rate and the budget in captures off, each of the ~40k switch-outs a second on the workload's
+// CPU would be captured, at about 8-30 us each here (most of that CPU). The time limit alone must
+// hold the captures' CPU time, as the agent measures it (the clock around each capture,
+// parascope_offcpu_stack_capture_seconds_total), to its allowance: P% of each CPU for the
+// candidates and as much again for the exempt captures. Slack: 50 ms for the two rate periods
+// (100 ms) the limit lags behind on the workload's CPU, the first (no capture measured yet) and
+// the one the workload starts in (its weight from the idle period before). The sampled stacks must
+// still keep the total and the split.
+TEST_CASE(
+    "sched e2e: the off-CPU capture budget in CPU time bounds the captures' CPU time and keeps "
+    "the total and the split",
+    "[root][e2e]") {
+  if (!RequireRoot()) return;
+  const double percent = 0.25;
+  FastRun f({"--off-cpu-stack-rate=0", "--off-cpu-stack-budget=0",
+             absl::StrCat("--off-cpu-stack-cpu-budget=", percent)},
+            /*metrics=*/true);
+  const double seconds = MetricValue(f.s.metrics, "parascope_offcpu_stack_capture_seconds_total");
+  const double captures = MetricValue(f.s.metrics, "parascope_offcpu_stack_captures_total");
+  const double over_budget =
+      MetricValue(f.s.metrics, "parascope_offcpu_stack_sampling_total{event=\"over_budget\"}");
+  const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  const double allowance = 2 * percent / 100 * f.s.metrics_after_s * double(ncpu);
+  FIGURES(f.Figures() << "; by " << f.s.metrics_after_s << " s on " << ncpu << " CPUs: " << captures
+                      << " captures took " << seconds << " s (allowance " << allowance << " s), "
+                      << over_budget << " over budget");
+  // The premise: the limit bound (the rate stage and the budget in captures are off).
+  CHECK(over_budget > 0);
+  CHECK(f.not_captured == 0);
+  REQUIRE(captures > 0);
+  CHECK(seconds <= allowance + 0.05);
+  f.CheckMeasuredThread();
   f.s.work->CloseStdin();
   CHECK(f.s.work->Wait(10) == 0);
 }

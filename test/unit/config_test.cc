@@ -1,4 +1,7 @@
+#include "agent/config/config.h"
+
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -6,7 +9,6 @@
 #include "absl/strings/match.h"
 #include "agent/bpf/perf_event.h"
 #include "agent/collect/window_clock.h"
-#include "agent/config/config.h"
 #include "agent/config/config_file.h"
 #include "agent/config/flags.h"
 
@@ -97,6 +99,15 @@ TEST_CASE("Config::Validate checks ranges and names the flag", "[config]") {
   c.output_max_new_processes = -1;
   CHECK(absl::StartsWith(c.Validate().message(), "--output-max-new-processes:"));
   c.output_max_new_processes = 0;
+  CHECK(c.Validate().ok());
+  c = Config();
+  c.off_cpu_stack_cpu_budget = -0.1;
+  CHECK(absl::StartsWith(c.Validate().message(), "--off-cpu-stack-cpu-budget:"));
+  c.off_cpu_stack_cpu_budget = 100.5;
+  CHECK(absl::StartsWith(c.Validate().message(), "--off-cpu-stack-cpu-budget:"));
+  c.off_cpu_stack_cpu_budget = std::nan("");
+  CHECK(absl::StartsWith(c.Validate().message(), "--off-cpu-stack-cpu-budget:"));
+  c.off_cpu_stack_cpu_budget = 0;
   CHECK(c.Validate().ok());
 }
 
