@@ -349,6 +349,21 @@ struct ps_offcpu_value {
 };
 PS_STATIC_ASSERT(sizeof(struct ps_offcpu_value) == 48, "ps_offcpu_value layout");
 
+/* On-CPU time of one process image in one window that a CPU has not added to ps_runtime<N> yet
+ * (ps_cpu_state.pending, by buffer): sched_switch adds a switched-out task's time here while the
+ * image and window stay the same (a pipe ping-pong, a thread pool: every switch), and to the map
+ * only when they change, so most switches make no hash operation. The daemon adds the pending
+ * time of the window it reads (ws_ns its start) to the map's (agent/collect/collector.cc
+ * ScanCpus); BPF drops a pending entry of an older window, which the daemon has read. */
+struct ps_runtime_pending {
+  __u64 ws_ns; /* start of the window the time is in; 0: none */
+  __u64 tgid_start_ns;
+  __u64 ns;
+  __u32 tgid;
+  __u32 exec_id;
+};
+PS_STATIC_ASSERT(sizeof(struct ps_runtime_pending) == 32, "ps_runtime_pending layout");
+
 /* Per-CPU scheduler view (ps_cpu_state, per-CPU array of 1): the task on this CPU and, for the
  * exact on-CPU time per process, since when. Same carry scheme as ps_thread_state. */
 struct ps_cpu_state {
@@ -380,8 +395,9 @@ struct ps_cpu_state {
   __u32 budget_cost_ns;    /* mean CPU time of a capture (ns) in the last period that had one; 0:
                               none yet */
   __u32 pad2;
+  struct ps_runtime_pending pending[PS_NUM_BUFFERS]; /* by buffer; sched_switch's only */
 };
-PS_STATIC_ASSERT(sizeof(struct ps_cpu_state) == 136, "ps_cpu_state layout");
+PS_STATIC_ASSERT(sizeof(struct ps_cpu_state) == 200, "ps_cpu_state layout");
 
 /* Switches the sched_switch tracepoint did not report. On some hosts the tracepoint misses a
  * share of switches (seen on a PVM guest: switches out of the host agent's threads, ~2-7% of all

@@ -479,7 +479,9 @@ static __always_inline int ps_switch_out(void *ctx, struct ps_cpu_state *cs,
   return 1;
 }
 
-/* Adds prev's on-CPU time [from, now] to ps_runtime<buf>. The part before the window start ws
+/* Adds prev's on-CPU time [from, now] to buffer buf: to this CPU's pending entry for it while the
+ * image and window stay the same, else to ps_runtime<buf> (abi.h ps_runtime_pending). The part
+ * before the window start ws
  * is the daemon's when `carry` (the copy in cs says when prev came in), else it is dropped (an
  * estimated switch-in: the daemon already counted that span at the boundary, if at all). */
 static __always_inline void ps_add_runtime(struct ps_cpu_state *cs, __u32 tgid,
@@ -496,11 +498,29 @@ static __always_inline void ps_add_runtime(struct ps_cpu_state *cs, __u32 tgid,
     }
     from = ws;
   }
-  if (now > from) {
-    struct ps_runtime_key rk = {.tgid = tgid, .exec_id = exec_id, .tgid_start_ns = tgid_start_ns};
-    ps_add_u64(buf == 0 ? (void *)&ps_runtime0 : (void *)&ps_runtime1, &rk, now - from,
+  if (now <= from) return;
+  /* Pending while the image and window stay (abi.h ps_runtime_pending): plain stores, the entry
+   * is this CPU's and only sched_switch writes it. */
+  struct ps_runtime_pending *p = buf == 0 ? &cs->pending[0] : &cs->pending[1];
+  if (p->ws_ns == ws && p->tgid == tgid && p->tgid_start_ns == tgid_start_ns &&
+      p->exec_id == exec_id) {
+    p->ns += now - from;
+    return;
+  }
+  if (p->ws_ns == ws && p->ns != 0) { /* another image in this window: the old one to the map */
+    struct ps_runtime_key rk = {
+        .tgid = p->tgid, .exec_id = p->exec_id, .tgid_start_ns = p->tgid_start_ns};
+    ps_add_u64(buf == 0 ? (void *)&ps_runtime0 : (void *)&ps_runtime1, &rk, p->ns,
                PS_CTR_RUNTIME_MAP_FULL);
   }
+  p->ws_ns = 0; /* the daemon never pairs a key with another's ns (it reads after the flip) */
+  ps_barrier();
+  p->tgid = tgid;
+  p->tgid_start_ns = tgid_start_ns;
+  p->exec_id = exec_id;
+  p->ns = now - from;
+  ps_barrier();
+  p->ws_ns = ws;
 }
 
 /* One switch from prev to next. `state_arg`: the tracepoint passed prev's state as prev_state

@@ -89,8 +89,11 @@ class Collector {
   // kernel/exec.c de_thread), can mix two threads' figures there.
   void ExactOffCpuTotals(WindowData* out);
   // Adds the on-CPU time of the tasks running at the boundary; fills *on_cpu.
-  void ScanCpus(int64_t prev_ws, int64_t ws, absl::flat_hash_map<uint32_t, uint64_t>* on_cpu,
-                WindowData* out);
+  // Also adds each CPU's on-CPU time still pending in buffer `closed` for the window
+  // [prev_ws, ws), and when `final` in the other buffer for the window from ws (bpf/abi.h
+  // ps_runtime_pending).
+  void ScanCpus(int64_t prev_ws, int64_t ws, uint32_t closed, bool final,
+                absl::flat_hash_map<uint32_t, uint64_t>* on_cpu, WindowData* out);
   // Moves the ips of the stacks in stack_cache_ to the front of ip_pool_ and drops the rest, once
   // the dropped copies (evicted or drained again) outweigh the live ips.
   void CompactIpPool();

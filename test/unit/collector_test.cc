@@ -328,6 +328,49 @@ TEST_CASE("collector: on-CPU time crossing the window start comes from ps_cpu_st
   CHECK(RuntimeNs(w1, kProcA) + RuntimeNs(w2, kProcA) == 100'100'000);
 }
 
+TEST_CASE("collector: on-CPU time pending in ps_cpu_state counts in its window, once",
+          "[collect]") {
+  // Ground truth: in window 1 (buffer 0, start kT1) CPU 0 ran A's threads for 300 ms in all, of
+  // which sched_switch added 200 ms to ps_runtime0 (when it switched to another image) and kept
+  // the last 100 ms pending (bpf/abi.h ps_runtime_pending); CPU 1 kept B's 40 ms pending. CPU 1's
+  // buffer-1 entry is left from two windows before (start kT1 - 2 s): read then, not again. At the
+  // final read of window 2 (buffer 1), CPU 0 has 7 ms of B pending in buffer 0 for the window
+  // that started at the flip (kT3), which only the final read takes.
+  FakeMapReader maps;
+  Collector collector(&maps, {});
+  auto pending = [](const proc::ProcessKey& p, uint64_t ws, uint64_t ns) {
+    ps_runtime_pending r{};
+    r.ws_ns = ws;
+    r.tgid = p.tgid;
+    r.tgid_start_ns = p.start_boot_ns;
+    r.exec_id = p.exec_id;
+    r.ns = ns;
+    return r;
+  };
+  ps_cpu_state cpu0 = Idle(), cpu1 = Idle();
+  cpu0.pending[0] = pending(kProcA, kT1, 100'000'000);
+  cpu1.pending[0] = pending(kProcB, kT1, 40'000'000);
+  cpu1.pending[1] = pending(kProcB, kT1 - 2'000'000'000, 999);
+  maps.cpus = {cpu0, cpu1};
+  maps.buffers[0].runtime.push_back(
+      {ps_runtime_key{kProcA.tgid, kProcA.exec_id, kProcA.start_boot_ns}, 200'000'000});
+
+  WindowData w1 = collector.Collect(kT1, kT2, 0, false);
+  CHECK(RuntimeNs(w1, kProcA) == 300'000'000);
+  CHECK(RuntimeNs(w1, kProcB) == 40'000'000);
+
+  // Window 2 (buffer 1, start kT2): nothing pending for it; buffer 0's entries are window 1's.
+  cpu0.pending[0] = pending(kProcB, kT3, 7'000'000);
+  maps.cpus = {cpu0, cpu1};
+  maps.buffers[0].runtime.clear();
+  WindowData w2 = collector.Collect(kT2, kT3, 1, false);
+  CHECK(RuntimeNs(w2, kProcA) == 0);
+  CHECK(RuntimeNs(w2, kProcB) == 0);
+  WindowData w2_final = collector.Collect(kT2, kT3, 1, true);
+  CHECK(RuntimeNs(w2_final, kProcA) == 0);
+  CHECK(RuntimeNs(w2_final, kProcB) == 7'000'000);
+}
+
 TEST_CASE("collector: a thread still off-CPU at the window end is counted up to it each window",
           "[collect]") {
   // Ground truth: thread 51 of A was switched out at 1.6 s (stacks captured into ps_stacks0)
