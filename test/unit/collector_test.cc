@@ -117,15 +117,23 @@ void SetComm(char* comm, const char* name) {
   std::memcpy(comm, name, std::min<size_t>(std::strlen(name), PS_TASK_COMM_LEN));
 }
 
+// A BPF record type (a map key, a thread state, a pending runtime) with its process fields (tgid,
+// tgid_start_ns, exec_id) those of `p`, the others zero.
+template <typename T>
+T OfProcess(const proc::ProcessKey& p) {
+  T r{};
+  r.tgid = p.tgid;
+  r.tgid_start_ns = p.start_boot_ns;
+  r.exec_id = p.exec_id;
+  return r;
+}
+
 // ps_threads entry of a thread of `p` switched out at out_ns with captured stacks (stack_weight
 // and budget_weight 1), as ps_switch_out leaves it.
 ps_thread_state SwitchedOut(const proc::ProcessKey& p, uint64_t out_ns, uint64_t kernel_stack,
                             uint64_t user_stack, uint32_t state = PS_STATE_SLEEPING) {
-  ps_thread_state ts{};
+  ps_thread_state ts = OfProcess<ps_thread_state>(p);
   ts.out_ns = out_ns;
-  ts.tgid = p.tgid;
-  ts.tgid_start_ns = p.start_boot_ns;
-  ts.exec_id = p.exec_id;
   ts.kernel_stack = kernel_stack;
   ts.user_stack = user_stack;
   ts.state = state;
@@ -228,11 +236,8 @@ const std::vector<uint64_t> kUserIps = {0x401000, 0x402000, 0x403000};
 // fields set, the others zero.
 template <typename Key>
 Key KeyOfA(uint32_t tid) {
-  Key k{};
-  k.tgid = kProcA.tgid;
+  Key k = OfProcess<Key>(kProcA);
   k.tid = tid;
-  k.tgid_start_ns = kProcA.start_boot_ns;
-  k.exec_id = kProcA.exec_id;
   return k;
 }
 
@@ -339,11 +344,8 @@ TEST_CASE("collector: on-CPU time pending in ps_cpu_state counts in its window, 
   FakeMapReader maps;
   Collector collector(&maps, {});
   auto pending = [](const proc::ProcessKey& p, uint64_t ws, uint64_t ns) {
-    ps_runtime_pending r{};
+    ps_runtime_pending r = OfProcess<ps_runtime_pending>(p);
     r.ws_ns = ws;
-    r.tgid = p.tgid;
-    r.tgid_start_ns = p.start_boot_ns;
-    r.exec_id = p.exec_id;
     r.ns = ns;
     return r;
   };
