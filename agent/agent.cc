@@ -123,12 +123,9 @@ class AgentMetrics {
     namespace mn = server::metric_names;
     using server::CallbackSample;
     using server::MetricType;
-    regs_.push_back(registry->AddCallback(
-        MetricType::kCounter, "parascope_bpf_samples_taken_total",
-        "On-CPU samples the BPF program recorded (non-idle, not filtered out).", {}, [this] {
-          return std::vector<CallbackSample>{
-              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_SAMPLES])}};
-        }));
+    AddBpfCounter("parascope_bpf_samples_taken_total",
+                  "On-CPU samples the BPF program recorded (non-idle, not filtered out).",
+                  PS_CTR_SAMPLES);
     regs_.push_back(registry->AddCallback(
         MetricType::kCounter, mn::kSamplesLost,
         "On-CPU samples lost or degraded in the kernel, by reason.", {"reason"}, [this] {
@@ -166,25 +163,19 @@ class AgentMetrics {
           }
           return out;
         }));
-    regs_.push_back(registry->AddCallback(
-        MetricType::kCounter, "parascope_bpf_map_busy_total",
+    AddBpfCounter(
+        "parascope_bpf_map_busy_total",
         "BPF map inserts that found the map's bucket lock held on their CPU (-EBUSY, Linux "
         "5.11+): the sample, interval or stack is lost as with a full map, but the map is not "
         "full (bpf/common.bpf.h).",
-        {}, [this] {
-          return std::vector<CallbackSample>{
-              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_MAP_BUSY])}};
-        }));
-    regs_.push_back(registry->AddCallback(
-        MetricType::kCounter, "parascope_parallelism_uncounted_total",
+        PS_CTR_MAP_BUSY);
+    AddBpfCounter(
+        "parascope_parallelism_uncounted_total",
         "Tasks not counted in parallelism: found by an on-CPU sample switched in unseen while "
         "their process had no parallelism entry (the sampler creates none: it may run in NMI "
         "context; the task counts from its next switch-in), or switched in while their "
         "process was exiting.",
-        {}, [this] {
-          return std::vector<CallbackSample>{
-              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_RUNNING_UNCOUNTED])}};
-        }));
+        PS_CTR_RUNNING_UNCOUNTED);
     regs_.push_back(registry->AddCallback(
         MetricType::kGauge, "parascope_parallelism_groups",
         "Parallelism counts the kernel holds (--latency-group: one per live process, live "
@@ -227,12 +218,7 @@ class AgentMetrics {
               {{"followed"}, static_cast<double>(c[PS_CTR_TREE_JOINED])},
               {{"lost"}, static_cast<double>(c[PS_CTR_TREE_FULL])}};
         }));
-    regs_.push_back(registry->AddCallback(
-        MetricType::kCounter, "parascope_sched_switches_total", "sched_switch events traced.",
-        {}, [this] {
-          return std::vector<CallbackSample>{
-              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_SWITCHES])}};
-        }));
+    AddBpfCounter("parascope_sched_switches_total", "sched_switch events traced.", PS_CTR_SWITCHES);
     regs_.push_back(registry->AddCallback(
         MetricType::kCounter, "parascope_sched_switches_unseen_total",
         "Context switches the sched_switch tracepoint did not report, by how they were found: "
@@ -258,22 +244,16 @@ class AgentMetrics {
               {{"over_budget"}, static_cast<double>(c[PS_CTR_OFFCPU_OVER_BUDGET])},
               {{"weighted"}, static_cast<double>(c[PS_CTR_OFFCPU_WEIGHTED])}};
         }));
-    regs_.push_back(registry->AddCallback(
-        MetricType::kCounter, "parascope_offcpu_stack_captures_total",
+    AddBpfCounter(
+        "parascope_offcpu_stack_captures_total",
         "Switch-outs whose off-CPU stacks sched_switch captured (a kernel stack and a user walk "
         "or memo hit each).",
-        {}, [this] {
-          return std::vector<CallbackSample>{
-              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_OFFCPU_CAPTURES])}};
-        }));
-    regs_.push_back(registry->AddCallback(
-        MetricType::kCounter, "parascope_offcpu_stack_capture_seconds_total",
+        PS_CTR_OFFCPU_CAPTURES);
+    AddBpfCounter(
+        "parascope_offcpu_stack_capture_seconds_total",
         "CPU time of those captures, all CPUs (the clock read before and after each, in the "
         "switching thread's context); --off-cpu-stack-cpu-budget bounds it per CPU.",
-        {}, [this] {
-          return std::vector<CallbackSample>{
-              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_OFFCPU_CAPTURE_NS]) / 1e9}};
-        }));
+        PS_CTR_OFFCPU_CAPTURE_NS, 1e-9);
     regs_.push_back(registry->AddCallback(
         MetricType::kCounter, "parascope_unwind_stacks_total",
         "User stacks walked by the BPF unwinder, by outcome: complete (reached the outermost "
@@ -291,39 +271,26 @@ class AgentMetrics {
               {{"read_fault"}, static_cast<double>(c[PS_CTR_UNWIND_READ_FAULT])},
               {{"bad_frame"}, static_cast<double>(c[PS_CTR_UNWIND_BAD_FRAME])}};
         }));
-    regs_.push_back(registry->AddCallback(
-        MetricType::kCounter, "parascope_unwind_memo_hits_total",
-        "Switch-outs whose user stack was the thread's previous walk, reused because its "
-        "starting registers and every stack word it read were unchanged (bpf/abi.h "
-        "ps_user_memo); not counted in parascope_unwind_stacks_total.",
-        {}, [this] {
-          return std::vector<CallbackSample>{
-              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_UNWIND_MEMO_HITS])}};
-        }));
-    regs_.push_back(registry->AddCallback(
-        MetricType::kCounter, "parascope_unwind_frame_pointer_frames_total",
-        "Frames the unwinder found by the frame-pointer fallback (no table for their pc).", {},
-        [this] {
-          return std::vector<CallbackSample>{
-              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_UNWIND_FP_FRAMES])}};
-        }));
-    regs_.push_back(registry->AddCallback(
-        MetricType::kCounter, "parascope_unwind_vma_frames_total",
+    AddBpfCounter("parascope_unwind_memo_hits_total",
+                  "Switch-outs whose user stack was the thread's previous walk, reused because its "
+                  "starting registers and every stack word it read were unchanged (bpf/abi.h "
+                  "ps_user_memo); not counted in parascope_unwind_stacks_total.",
+                  PS_CTR_UNWIND_MEMO_HITS);
+    AddBpfCounter(
+        "parascope_unwind_frame_pointer_frames_total",
+        "Frames the unwinder found by the frame-pointer fallback (no table for their pc).",
+        PS_CTR_UNWIND_FP_FRAMES);
+    AddBpfCounter(
+        "parascope_unwind_vma_frames_total",
         "Frames unwound through the table of the file their vma maps (bpf_find_vma, Linux "
         "5.17+): pcs in a mapping the process's list lacked yet (a library mapped a moment ago, "
         "a process not read yet).",
-        {}, [this] {
-          return std::vector<CallbackSample>{
-              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_UNWIND_VMA_FRAMES])}};
-        }));
-    regs_.push_back(registry->AddCallback(
-        MetricType::kCounter, "parascope_unwind_vma_cache_full_total",
+        PS_CTR_UNWIND_VMA_FRAMES);
+    AddBpfCounter(
+        "parascope_unwind_vma_cache_full_total",
         "Execs whose image got no vma cache entry (the map of PS_UNWIND_PROC_ENTRIES was "
         "full): until the daemon loads its maps, each of its walks finds one unlisted file.",
-        {}, [this] {
-          return std::vector<CallbackSample>{
-              {{}, static_cast<double>(bpf_->Counters()[PS_CTR_UNWIND_VMA_CACHE_FULL])}};
-        }));
+        PS_CTR_UNWIND_VMA_CACHE_FULL);
     regs_.push_back(registry->AddCallback(
         MetricType::kCounter, "parascope_window_flip_wait_timeouts_total",
         "Window flips that drained a buffer after waiting 1 s for BPF programs still running "
@@ -521,6 +488,16 @@ class AgentMetrics {
   }
 
  private:
+  // Registers counter `name` (help text `help`) as BPF counter `idx` (bpf/abi.h PS_CTR_*, summed
+  // over CPUs) times `scale` (1e-9: a counter of ns exposed in seconds).
+  void AddBpfCounter(const char* name, const char* help, uint32_t idx, double scale = 1) {
+    regs_.push_back(
+        registry_->AddCallback(server::MetricType::kCounter, name, help, {}, [this, idx, scale] {
+          return std::vector<server::CallbackSample>{
+              {{}, static_cast<double>(bpf_->Counters()[idx]) * scale}};
+        }));
+  }
+
   static void Advance(server::Counter* c, uint64_t now, uint64_t* last) {
     if (now > *last) c->Increment(now - *last);
     *last = now;
