@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <iostream>
@@ -235,7 +236,8 @@ class AgentMetrics {
         MetricType::kCounter, "parascope_offcpu_stack_sampling_total",
         "Off-CPU stack sampling: switch-outs whose stacks were not captured for the thread's "
         "rate (not_captured, --off-cpu-stack-rate) or for the CPU's budget (over_budget, "
-        "--off-cpu-stack-budget), and captured intervals counted more than once to stand for "
+        "--off-cpu-stack-budget and --off-cpu-stack-cpu-budget), and captured intervals counted "
+        "more than once to stand for "
         "them (weighted).",
         {"event"}, [this] {
           BpfCounters c = bpf_->Counters();
@@ -1013,8 +1015,11 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
   opts.min_offcpu_ns = absl::ToInt64Nanoseconds(config.off_cpu_min_duration);
   opts.offcpu_stack_rate = static_cast<uint32_t>(config.off_cpu_stack_rate);
   opts.offcpu_stack_budget = static_cast<uint32_t>(config.off_cpu_stack_budget);
-  // P% of the 1e9 ns of a second.
-  opts.offcpu_stack_cpu_ns = static_cast<uint64_t>(config.off_cpu_stack_cpu_budget * 1e7);
+  // P% of the 1e9 ns of a second; at least 1 ns for any P > 0 (0 would mean no limit).
+  opts.offcpu_stack_cpu_ns =
+      config.off_cpu_stack_cpu_budget > 0
+          ? std::max<uint64_t>(1, static_cast<uint64_t>(config.off_cpu_stack_cpu_budget * 1e7))
+          : 0;
   opts.unwind_table_bytes = static_cast<uint64_t>(config.unwind_table_bytes);
   // Open files: pinned mapped files and perf maps, BPF maps and programs, perf events (one per
   // CPU), sockets. The soft RLIMIT_NOFILE (often 1024) is raised to the hard one (setrlimit(2);
@@ -1085,8 +1090,9 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
     absl::StrAppend(
         &popts.offcpu_description, popts.offcpu_description.empty() ? "parascope: " : "; ",
         "a CPU whose off-CPU stack captures took more than ", config.off_cpu_stack_cpu_budget,
-        "% of it samples them the same way, c = ceil(rate * mean capture time / ",
-        config.off_cpu_stack_cpu_budget, "% of a second)");
+        "% of it captures each at random (probability 1/c, c = ceil(rate * mean capture time / ",
+        config.off_cpu_stack_cpu_budget, "% of a second)); a captured interval under ",
+        PS_BUDGET_EXACT_OFFCPU_NS / 1000000, " ms counts c times more (unbiased)");
   }
   if (!popts.offcpu_description.empty()) {
     absl::StrAppend(&popts.offcpu_description,

@@ -156,14 +156,18 @@ PS_STATIC_ASSERT(sizeof(struct ps_oncpu_value) == 32, "ps_oncpu_value layout");
  * thread's memory is not current then). So a CPU captures at most 2B a second. B = 0: no budget.
  *
  * The budget in CPU time (--off-cpu-stack-cpu-budget P, ps_cfg_stack_cpu_ns: P% of a second, in
- * ns): a capture's cost depends on the host (2-5 us on the VM the budget B was tuned on; 9-11 us
- * for the kernel stack alone, bpf_get_stack, and 3-8 us for the user walk on a 6.18 guest of the
- * same kind, measured with the clock around each), so B alone does not bound the CPU the walks
- * take. Each CPU also sums the clock time of its captures in the period; c is then at least
- * ceil(rate * m / T), m the mean cost of a capture in the last period that had one and T the
- * allowance in ns per second, so that candidates take at most about P% of the CPU; the exempt
- * captures stay within as much again (their count a period times m, within T / 10). The stricter
- * of the two limits applies. P = 0: no limit in time. */
+ * ns): a capture's cost depends on the host (2-5 us on the VM the budget B was tuned on; on a
+ * 6.18 guest of the same kind 5 us warm and 10-35 us cold: bpf_get_stack alone 4-10 us on first
+ * call and 1 us when called again at once, the user walk 3-8 us; measured with the clock around
+ * each), so B alone does not bound the CPU the walks take. Each CPU also sums the clock time of
+ * its captures in the period (clock time: an NMI or, on a VM, steal time inside a capture counts
+ * too); c is then at least ceil(rate * m / T), m the mean cost of a capture in the last period
+ * that had one and T the allowance in ns per second, so that candidates take at most about P% of
+ * the CPU, on average over a period: the limit follows the last period, so the first busy
+ * period after a quiet one, or one before any capture was timed, is not held to it. The exempt
+ * captures stay within as much again (their count a period times m, within T / 10; unlimited in
+ * time until a cost is known). The stricter of the two limits applies. P = 0: no limit in time.
+ * This bounds the captures only, not the rest of the switch path. */
 #define PS_BUDGET_EXACT_OFFCPU_NS 100000000ULL /* 100 ms */
 
 /* How many times an off-CPU interval of `ns` counts (ns and count), given the stages' choices at
@@ -207,8 +211,14 @@ struct ps_control {
   __u32 pad;
   __u64 window_start_ns;     /* ktime of the current window's start */
   __s64 unknown_cpus;        /* online CPUs not yet seen by a switch or a sample since attach */
+  /* The start of the window each buffer holds. The daemon writes the new buffer's before it
+   * flips active_buffer (and window_start_ns), so a program that reads active_buffer, then
+   * buffer_start_ns[active_buffer], gets a consistent pair; active_buffer and window_start_ns
+   * read one after the other can pair the old buffer with the new start while the daemon is
+   * between its two stores. */
+  __u64 buffer_start_ns[PS_NUM_BUFFERS];
 };
-PS_STATIC_ASSERT(sizeof(struct ps_control) == 24, "ps_control layout");
+PS_STATIC_ASSERT(sizeof(struct ps_control) == 40, "ps_control layout");
 
 /* Per-CPU progress of the programs (ps_progress, per-CPU array of 1): every program that reads
  * ps_control.active_buffer adds 1 to `depth` before it reads the control block and subtracts 1

@@ -536,9 +536,10 @@ static __always_inline int ps_on_switch(void *ctx, int preempt, struct task_stru
   ps_count(PS_CTR_SWITCHES);
   cs->in_switch = 1;
   ps_barrier();
-  /* Control first, then the clock: seeing the new buffer implies now >= its window start. */
+  /* Control first, then the clock: seeing the new buffer implies now >= its window start. The
+   * buffer's own start, not window_start_ns: a consistent pair during a flip (abi.h). */
   __u32 buf = ctl->active_buffer;
-  __u64 ws = ctl->window_start_ns;
+  __u64 ws = ctl->buffer_start_ns[buf & 1];
   __u64 now = bpf_ktime_get_ns();
   __u32 prev_tid = prev->pid, prev_tgid = prev->tgid;
   __u32 next_tid = next->pid, next_tgid = next->tgid;
@@ -776,7 +777,7 @@ static __always_inline void ps_hand_over_uncaptured(struct task_struct *task, __
   if (!ts || !ctl) return;
   const __u32 buf = ctl->active_buffer;
   struct ps_uncaptured *u = &ts->uncaptured[buf & 1];
-  if (u->ws_ns != ctl->window_start_ns) return; /* no sampled interval in this window */
+  if (u->ws_ns != ctl->buffer_start_ns[buf & 1]) return; /* no sampled interval in this window */
   if (u->ns[0] + u->ns[1] + u->ns[2] < PS_EXACT_OFFCPU_NS) return;
   struct ps_offcpu_key key = {};
   key.tgid = ts->tgid;

@@ -167,6 +167,7 @@ absl::StatusOr<std::unique_ptr<BpfPrograms>> BpfPrograms::Create(const Options& 
   self->window_start_ns_ = MonotonicNowNs();
   self->control_->unknown_cpus = static_cast<int64_t>(self->events_.cpus.size());
   self->control_->window_start_ns = self->window_start_ns_;
+  self->control_->buffer_start_ns[0] = static_cast<uint64_t>(self->window_start_ns_);
   self->control_->active_buffer = 0;
   std::atomic_thread_fence(std::memory_order_seq_cst);
 
@@ -699,7 +700,9 @@ absl::StatusOr<WindowData> BpfPrograms::Drain(bool final) {
   int64_t ws = MonotonicNowNs();
   uint32_t closed = active_;
   if (!final) {
-    // Window start before buffer: a program that sees the new buffer also sees the new start.
+    // Window start before buffer: a program that sees the new buffer also sees the new start
+    // (bpf/abi.h ps_control.buffer_start_ns).
+    control_->buffer_start_ns[active_ ^ 1] = static_cast<uint64_t>(ws);
     control_->window_start_ns = ws;
     std::atomic_thread_fence(std::memory_order_seq_cst);
     active_ ^= 1;

@@ -21,7 +21,7 @@ WindowData Collector::Collect(int64_t prev_ws_ns, int64_t ws_ns, uint32_t closed
   if (final) DrainBuffer(closed ^ 1, &out);
   if (options_.sched) {
     absl::flat_hash_map<uint32_t, uint64_t> on_cpu;
-    ScanCpus(prev_ws_ns, ws_ns, closed, final, &on_cpu, &out);
+    ScanCpus(prev_ws_ns, ws_ns, closed, &on_cpu, &out);
     ScanThreads(prev_ws_ns, ws_ns, closed, on_cpu, final, &out);
     ExactOffCpuTotals(&out);
   }
@@ -313,19 +313,15 @@ void Collector::ExactOffCpuTotals(WindowData* out) {
   }
 }
 
-void Collector::ScanCpus(int64_t prev_ws, int64_t ws, uint32_t closed, bool final,
+void Collector::ScanCpus(int64_t prev_ws, int64_t ws, uint32_t closed,
                          absl::flat_hash_map<uint32_t, uint64_t>* on_cpu, WindowData* out) {
   const std::vector<ps_cpu_state> cpus = maps_->ReadCpuStates();
   const uint64_t cur = static_cast<uint64_t>(ws), prev = static_cast<uint64_t>(prev_ws);
   for (const ps_cpu_state& c : cpus) {
-    // On-CPU time sched_switch had not added to ps_runtime<N> yet (the buffers drained).
-    auto pending = [&](const ps_runtime_pending& p, uint64_t window_start) {
-      if (p.ws_ns == window_start && p.ns != 0) {
-        out->runtime.push_back({{p.tgid, p.tgid_start_ns, p.exec_id}, p.ns});
-      }
-    };
-    pending(c.pending[closed & 1], prev);
-    if (final) pending(c.pending[(closed ^ 1) & 1], cur);
+    // On-CPU time of the window that sched_switch had not added to ps_runtime<closed> yet.
+    if (const ps_runtime_pending& p = c.pending[closed & 1]; p.ws_ns == prev && p.ns != 0) {
+      out->runtime.push_back({{p.tgid, p.tgid_start_ns, p.exec_id}, p.ns});
+    }
     if (c.known && c.counted && c.tid != 0) {
       // A tid on two CPUs: one record is stale (it left unseen); the later switch-in is current.
       uint64_t& since = (*on_cpu)[c.tid];

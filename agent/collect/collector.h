@@ -90,9 +90,9 @@ class Collector {
   void ExactOffCpuTotals(WindowData* out);
   // Adds the on-CPU time of the tasks running at the boundary; fills *on_cpu.
   // Also adds each CPU's on-CPU time still pending in buffer `closed` for the window
-  // [prev_ws, ws), and when `final` in the other buffer for the window from ws (bpf/abi.h
-  // ps_runtime_pending).
-  void ScanCpus(int64_t prev_ws, int64_t ws, uint32_t closed, bool final,
+  // [prev_ws, ws) (bpf/abi.h ps_runtime_pending). The other buffer's pending time is of an older
+  // window, read then; the final read does not flip, so the window it reads is in `closed` too.
+  void ScanCpus(int64_t prev_ws, int64_t ws, uint32_t closed,
                 absl::flat_hash_map<uint32_t, uint64_t>* on_cpu, WindowData* out);
   // Moves the ips of the stacks in stack_cache_ to the front of ip_pool_ and drops the rest, once
   // the dropped copies (evicted or drained again) outweigh the live ips.

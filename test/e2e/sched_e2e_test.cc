@@ -441,11 +441,12 @@ TEST_CASE(
 // rate and the budget in captures off, each of the ~40k switch-outs a second on the workload's
 // CPU would be captured, at about 8-30 us each here (most of that CPU). The time limit alone must
 // hold the captures' CPU time, as the agent measures it (the clock around each capture,
-// parascope_offcpu_stack_capture_seconds_total), to its allowance: P% of each CPU for the
-// candidates and as much again for the exempt captures. Slack: 50 ms for the two rate periods
-// (100 ms) the limit lags behind on the workload's CPU, the first (no capture measured yet) and
-// the one the workload starts in (its weight from the idle period before). The sampled stacks must
-// still keep the total and the split.
+// parascope_offcpu_stack_capture_seconds_total, summed over CPUs), to the machine's allowance:
+// P% of each CPU for the candidates and as much again for the exempt captures, over all CPUs
+// (the metric has no per-CPU split; on this 2-CPU VM the workload's CPU takes most). Slack: 50 ms
+// for the two rate periods (100 ms) the limit lags behind on the workload's CPU, the first (no
+// capture measured yet) and the one the workload starts in (its weight from the idle period
+// before). The sampled stacks must still keep the total and the split.
 TEST_CASE(
     "sched e2e: the off-CPU capture budget in CPU time bounds the captures' CPU time and keeps "
     "the total and the split",
@@ -464,6 +465,7 @@ TEST_CASE(
   CHECK(f.over_budget > 0);
   CHECK(f.not_captured == 0);
   REQUIRE(captures > 0);
+  REQUIRE(seconds >= 0);  // -1: not on /metrics
   CHECK(seconds <= allowance + 0.05);
   f.CheckMeasuredThread();
   f.s.work->CloseStdin();
