@@ -1075,24 +1075,31 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
         "); a captured interval under ", PS_EXACT_OFFCPU_NS / 1000000,
         " ms counts w times (unbiased), longer ones once");
   }
-  if (config.off_cpu_stack_budget > 0) {
+  // The CPU's capture budget (bpf/abi.h): in captures a second, in CPU time, or both.
+  const bool by_count = config.off_cpu_stack_budget > 0;
+  const bool by_time = config.off_cpu_stack_cpu_budget > 0;
+  if (by_count || by_time) {
+    const std::string count =
+        absl::StrCat("capturing more than ", config.off_cpu_stack_budget, " off-CPU stacks/s");
+    const std::string time = absl::StrCat("spending more than ", config.off_cpu_stack_cpu_budget,
+                                          "% of it on off-CPU stack captures");
+    const std::string count_c = absl::StrCat("ceil(rate/", config.off_cpu_stack_budget, ")");
+    const std::string time_c = absl::StrCat("ceil(rate * mean capture time / ",
+                                            config.off_cpu_stack_cpu_budget, "% of a second)");
     absl::StrAppend(
         &popts.offcpu_description, popts.offcpu_description.empty() ? "parascope: " : "; ",
-        "a CPU capturing more than ", config.off_cpu_stack_budget,
-        " off-CPU stacks/s captures each at random (probability 1/c, c = ceil(rate/",
-        config.off_cpu_stack_budget, ")); a captured interval under ",
-        PS_BUDGET_EXACT_OFFCPU_NS / 1000000, " ms counts c times more (unbiased); intervals of ",
-        PS_BUDGET_EXACT_OFFCPU_NS / 1000000,
+        "a CPU ",
+        by_count && by_time ? absl::StrCat(count, " or ", time)
+        : by_count          ? count
+                            : time,
+        " captures each at random (probability 1/c, c = ",
+        by_count && by_time ? absl::StrCat("the larger of ", count_c, " and ", time_c)
+        : by_count          ? count_c
+                            : time_c,
+        "); a captured interval under ", PS_BUDGET_EXACT_OFFCPU_NS / 1000000,
+        " ms counts c times more (unbiased); intervals of ", PS_BUDGET_EXACT_OFFCPU_NS / 1000000,
         " ms or more count once, exactly, and a thread's next wait after one is captured "
         "outside the budget (up to as many again)");
-  }
-  if (config.off_cpu_stack_cpu_budget > 0) {
-    absl::StrAppend(
-        &popts.offcpu_description, popts.offcpu_description.empty() ? "parascope: " : "; ",
-        "a CPU whose off-CPU stack captures took more than ", config.off_cpu_stack_cpu_budget,
-        "% of it captures each at random (probability 1/c, c = ceil(rate * mean capture time / ",
-        config.off_cpu_stack_cpu_budget, "% of a second)); a captured interval under ",
-        PS_BUDGET_EXACT_OFFCPU_NS / 1000000, " ms counts c times more (unbiased)");
   }
   if (!popts.offcpu_description.empty()) {
     absl::StrAppend(&popts.offcpu_description,
