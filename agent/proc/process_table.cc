@@ -23,7 +23,8 @@ PinnedFile::PinnedFile(int fd, const struct ::stat& st)
     : fd_(fd),
       path_(absl::StrCat("/proc/self/fd/", fd)),
       dev_(static_cast<uint64_t>(st.st_dev)),
-      inode_(static_cast<uint64_t>(st.st_ino)) {}
+      inode_(static_cast<uint64_t>(st.st_ino)),
+      stat_(st) {}
 
 PinnedFile::~PinnedFile() {
   if (fd_ >= 0) close(fd_);

@@ -61,11 +61,15 @@ class PinnedFile {
   const std::string& path() const { return path_; }
   uint64_t dev() const { return dev_; }
   uint64_t inode() const { return inode_; }
+  // fstat(2) of the file when it was pinned: its identity (device, inode, size, mtime) for
+  // caches keyed by it, without a system call per use.
+  const struct ::stat& stat() const { return stat_; }
 
  private:
   int fd_;
   std::string path_;
   uint64_t dev_, inode_;
+  struct ::stat stat_;
 };
 
 // What the agent knows about one process image.
