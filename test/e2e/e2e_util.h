@@ -117,7 +117,8 @@ std::map<std::string, std::string> KeyValues(const std::string& line);
 // with its labels exactly as exposed, e.g. `parascope_queue_bytes` or
 // `parascope_queue_dropped_total{reason="queue_full"}`; -1 if absent.
 double MetricValue(const std::string& text, const std::string& series);
-// The agent's /metrics text from 127.0.0.1:`port` (curl, 10 s timeout); "" when unreachable.
+// The agent's /metrics text from 127.0.0.1:`port` (in-process HTTP GET, 10 s timeouts); "" when
+// unreachable.
 std::string Scrape(int port);
 // The port of the agent's HTTP server (--http-address=127.0.0.1:0 lets the kernel choose it)
 // from its "serving /metrics ... (port N)" log line in `agent_stderr`, the only place that says

@@ -579,6 +579,12 @@ TEST_CASE("lifecycle e2e: exited processes past the new-process budget share ove
   REQUIRE(MetricValue(metrics, "parascope_windows_total") >= windows_done + 2);
   const double merged = MetricValue(metrics, "parascope_output_merged_processes_total");
   const double merged_profiles = MetricValue(metrics, "parascope_output_merged_profiles_total");
+  const double shed = MetricValue(metrics, "parascope_process_snapshots_shed_total");
+  const double snapshots = MetricValue(metrics, "parascope_process_snapshots_total");
+  const double snapshot_work =
+      MetricValue(metrics, "parascope_process_snapshot_work_seconds_total");
+  const double gone =
+      MetricValue(metrics, "parascope_unwind_table_failures_total{reason=\"process_gone\"}");
   REQUIRE(kill(agent.pid(), SIGINT) == 0);
   const int status = agent.Wait(60);
   REQUIRE(WIFEXITED(status));
@@ -592,6 +598,8 @@ TEST_CASE("lifecycle e2e: exited processes past the new-process budget share ove
       own[pid] += im.With("short_lived_burn");
     }
   }
+  // Every other sample of a child in the overflow files, by stack (the failure's evidence).
+  std::map<int, std::map<std::string, int64_t>> shared_other;
   int overflow_files = 0;
   for (const std::string& f : ProfileFiles(out.path(), 0, "process_cpu-")) {
     if (!absl::StrContains(f, "/overflow/")) continue;
@@ -605,14 +613,17 @@ TEST_CASE("lifecycle e2e: exited processes past the new-process budget share ove
       int pid = 0;
       REQUIRE(absl::SimpleAtoi(s.labels.at("pid"), &pid));
       const std::vector<std::string> frames = p.Frames(s);
-      if (children.count(pid) != 0 &&
-          std::find(frames.begin(), frames.end(), "short_lived_burn") != frames.end()) {
+      if (children.count(pid) == 0) continue;
+      if (std::find(frames.begin(), frames.end(), "short_lived_burn") != frames.end()) {
         shared[pid] += s.values[n];
+      } else {
+        shared_other[pid][absl::StrJoin(frames, ";")] += s.values[n];
       }
     }
   }
-  int in_own = 0, in_shared = 0, in_both = 0, in_neither = 0;
-  int64_t burn = 0;
+  int in_own = 0, in_shared = 0, in_both = 0, in_neither = 0, lost = 0;
+  int64_t burn = 0, unnamed = 0;     // unnamed: the samples of the children in neither
+  std::vector<std::string> neither;  // what was found of each child in neither
   for (int pid : pids) {
     const bool o = own[pid] > 0, sh = shared[pid] > 0;
     in_own += o;
@@ -620,6 +631,18 @@ TEST_CASE("lifecycle e2e: exited processes past the new-process budget share ove
     in_both += o && sh;
     in_neither += !o && !sh;
     burn += own[pid] + shared[pid];
+    if (o || sh) continue;
+    std::vector<std::string> images;
+    int64_t samples = 0;
+    for (const Image& im : Images(out.path(), pid)) {
+      images.push_back(Summary(im));
+      samples += im.samples;
+    }
+    for (const auto& [stack, v] : shared_other[pid]) samples += v;
+    lost += samples == 0;
+    unnamed += samples;
+    neither.push_back(absl::StrCat("pid ", pid, ": own images [", absl::StrJoin(images, "; "),
+                                   "], other overflow samples:", Top(shared_other[pid], 8)));
   }
   const int64_t expected = int64_t(kChildren) * kMs * kHz / 1000;
   const double spanned = windows_done - windows_before + 1;
@@ -629,14 +652,30 @@ TEST_CASE("lifecycle e2e: exited processes past the new-process budget share ove
                           << " overflow files, " << in_both << " in both, " << in_neither
                           << " in neither; short_lived_burn samples " << burn << " (expected ~"
                           << expected << "); metric: " << merged << " images merged, "
-                          << merged_profiles << " profiles");
-  CHECK(in_neither == 0);
+                          << merged_profiles << " profiles; " << snapshots << " snapshots, " << shed
+                          << " shed, " << gone << " gone before their snapshot, "
+                          << "new-image work " << snapshot_work << " s");
+  INFO("children in neither:\n  " << absl::StrJoin(neither, "\n  "));
+  // Every child's samples are somewhere: its own directory or an overflow file.
+  CHECK(lost == 0);
+  // A child whose short_lived_burn is in neither place has its samples there unsymbolized,
+  // and the agent counted why: its image was not read while it ran, for the new-image budget
+  // (shed) or because it had exited first (gone). Both happen on this kind of VM when the host
+  // stops a vCPU: with both CPUs busy, perf shows each vCPU's samples stopping for ~100 ms
+  // several times a minute (the host's CPU bandwidth period), and the guest's thread clock
+  // counts the stall as CPU time of whichever agent thread was on that vCPU. Once (measured)
+  // a stall of 200 ms inside one snapshot let the next child exit before its read (gone) and
+  // charged 100 ms to the new-image budget, whose debt then shed ~80 children for 2.5 s. Not
+  // seen on a quiet host.
+  CHECK(in_neither <= shed + gone);
   CHECK(in_both == 0);
   // Within the budget: the windows the children ran in made at most kBudget directories each
   // (the agent's other new processes take their share too).
   CHECK(in_own <= kBudget * (spanned + 1));
-  CHECK(in_shared >= kChildren - kBudget * (spanned + 1));
-  REQUIRE(burn >= expected / 2);
+  CHECK(in_shared + in_neither >= kChildren - kBudget * (spanned + 1));
+  // The children read while they ran have their burn named; the others' samples are there too.
+  CHECK(burn >= (kChildren - in_neither) * (expected / kChildren) / 2);
+  REQUIRE(burn + unnamed >= expected / 2);
   // Counted: every merged child at least (other exited processes of the host too); with
   // --profiles=cpu one profile per image and window (an image that ran across a boundary is
   // merged in both windows and counted once as an image).
