@@ -682,6 +682,7 @@ UnwindTableStats UnwindService::stats() const {
   s.exec_snapshots_shed = exec_shed_.load(std::memory_order_relaxed);
   s.exec_snapshot_cpu_ns = exec_cpu_ns_.load(std::memory_order_relaxed);
   s.exec_forgiven_cpu_ns = exec_forgiven_ns_.load(std::memory_order_relaxed);
+  s.exec_capped_cpu_ns = exec_capped_ns_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -706,7 +707,14 @@ bool UnwindService::ExecBudgetLeft(int64_t now_ns) {
   return exec_tokens_ns_.load(std::memory_order_relaxed) > 0;
 }
 
-void UnwindService::ChargeExec(int64_t spent_ns) {
+void UnwindService::ChargeExec(int64_t measured_ns, bool capped) {
+  exec_cpu_ns_.fetch_add(measured_ns, std::memory_order_relaxed);
+  int64_t spent_ns = measured_ns;
+  if (capped && spent_ns > kChargeCapNs) {
+    exec_capped_ns_.fetch_add(static_cast<uint64_t>(spent_ns - kChargeCapNs),
+                              std::memory_order_relaxed);
+    spent_ns = kChargeCapNs;
+  }
   // The debt stops at one burst: a load that builds the table of a big new file (seconds, once
   // per file) would otherwise shed every new image for minutes after it.
   int64_t have = exec_tokens_ns_.load(std::memory_order_relaxed);
@@ -718,7 +726,6 @@ void UnwindService::ChargeExec(int64_t spent_ns) {
     exec_forgiven_ns_.fetch_add(static_cast<uint64_t>(std::min(forgiven, spent_ns)),
                                 std::memory_order_relaxed);
   }
-  exec_cpu_ns_.fetch_add(spent_ns, std::memory_order_relaxed);
 }
 
 namespace {
@@ -1094,7 +1101,7 @@ void UnwindService::TableLoop() {
       const int64_t cpu0 = ThreadCpuNs();
       absl::Status s = tables_.LoadProcess(e.tgid, ticks, e.exec_id, w.snapshot.get());
       const int64_t spent = ThreadCpuNs() - cpu0;
-      if (exec_work) ChargeExec(spent);
+      if (exec_work) ChargeExec(spent, /*capped=*/false);
       charged += spent;  // a refresh of a known process is not new-image work: left out
       ++loads;
       if (const int64_t late = MonotonicNowNs() - w.queued_ns; late > 5000000) {
