@@ -166,6 +166,8 @@ class UnwindTables {
   // unknown, adopts it: the walker claimed that entry for the running image).
   bool KnownImage(uint32_t tgid, uint64_t start_ticks, uint32_t exec_id);
   UnwindTableStats stats() const;
+  // stats().build_ns without the copy: grows with every table build tried.
+  uint64_t build_ns() const { return stats_.build_ns; }
 
   // For tests and the bench: the table built for a file (nullptr if none).
   struct Table {
@@ -295,15 +297,15 @@ class UnwindService {
   // so one that lives is read once the bucket refills; one that exits first has its samples
   // kept with the frames nameable without its mappings (kernel frames; its user frames are
   // unsymbolized addresses).
-  // The burst reads about 150 new images at once here (0.3 ms each, their rounds included): a
-  // build's or a script's spurt. A sampled short-lived child costs more: the short-lived tests'
-  // 100 children of 20 ms, sampled at 499 Hz and run back to back in ~2.5 s, took 0.08-0.10 s
-  // (session 32, measured: 0.8-1 ms each for the exec's snapshot and load, the follow-up's,
-  // the fork child's request and the walker's first requests of the new image, two rounds of
-  // each thread), about the burst plus the refill. It was
-  // 250 ms; scenario 3 of bench/ (1000 processes exec'd and reaped in 2 s, from a full bucket)
-  // then cost the agent 0.41 s of CPU, most of it this burst (bench/: 0.278 s at 100 ms, 0.198 s
-  // at 50 ms; issue 14 asks 0.2 s a window).
+  // The burst reads about 150 `/bin/true` images at once here (0.3 ms each, their rounds
+  // included): a build's or a script's spurt. A sampled short-lived child costs more: the
+  // short-lived tests' 100 children of 20 ms, sampled at 499 Hz and run back to back in
+  // ~2.5 s, took 0.08-0.10 s (measured: 0.8-1 ms each for the exec's snapshot and load, the
+  // follow-up's, the fork child's request and the walker's first requests of the new image, two
+  // rounds of each thread), about the burst plus the refill.
+  // The burst was 250 ms; scenario 3 of bench/ (1000 processes exec'd and reaped in 2 s, from a
+  // full bucket) then cost the agent 0.41 s of CPU, most of it this burst (bench/: 0.278 s at 100
+  // ms, 0.198 s at 50 ms; issue 14 asks 0.2 s a window).
   static constexpr int64_t kExecBurstNs = 50000000;         // 50 ms
   // 2% of a core reads about 65 new images a second here. It was 2.5%: 2 minutes of continuous
   // churn (580 processes a second, bench/) cost the agent 5.7% of a core, the unwinder's threads
@@ -314,18 +316,20 @@ class UnwindService {
   bool ExecBudgetLeft(int64_t now_ns);
   // Taken by PollLoop (snapshots) and TableLoop (loads of exec'd images); refilled by PollLoop.
   std::atomic<int64_t> exec_tokens_ns_{kExecBurstNs};
-  // Charges `spent` ns of exec work to the bucket, down to -kExecBurstNs at most (the rest is
-  // counted in exec_forgiven_ns_). With `capped`, at most kChargeCapNs of it (the rest is
-  // counted in exec_capped_ns_): for a snapshot, a follow-up or the rest of a round, which take
-  // well under a millisecond each here, not for a table load (building a big new file's table
-  // takes seconds, really).
+  // Charges `measured_ns` of exec work to the bucket, down to -kExecBurstNs at most (the rest
+  // is counted in exec_forgiven_ns_). With `capped`, at most kChargeCapNs of it (the rest is
+  // counted in exec_capped_ns_): for a snapshot, a follow-up, the rest of a poll round or of a
+  // table batch, and a table load that built no table, which take well under a millisecond
+  // each here; not for a load that built (or tried to build) a table: a big new file's table
+  // takes seconds, really.
   void ChargeExec(int64_t measured_ns, bool capped = true);
   // The guest's thread clock (CLOCK_THREAD_CPUTIME_ID) also counts time the host takes the vCPU
   // away: on this kind of VM with both CPUs busy, perf shows each vCPU's samples stopping for
-  // ~100 ms several times a minute (the host's CPU bandwidth period), and one such stall inside
-  // a 0.2 ms snapshot charged it 100 ms, whose debt then shed ~80 short-lived children for
-  // 2.5 s (measured). No charge but a table load's is believed beyond this. A snapshot of a
-  // process with thousands of mappings can take more, really: it is then charged this much.
+  // ~100 ms several times a minute (the host's CPU bandwidth period). Measured once: a 0.2 ms
+  // snapshot took 200 ms of wall time and 100 ms of thread CPU time, and the bucket's debt then
+  // shed ~80 short-lived children for 2.5 s. No charge but a table build's is believed beyond
+  // this. A snapshot of a process with thousands of mappings can take more, really: it is then
+  // charged this much, and the excess is counted (exec_capped_ns_) with the stalls.
   static constexpr int64_t kChargeCapNs = 20000000;  // 20 ms
   int64_t exec_refill_ns_ = 0;  // CLOCK_MONOTONIC of the last refill (0: none yet)
   std::atomic<uint64_t> exec_shed_{0}, exec_cpu_ns_{0}, exec_forgiven_ns_{0}, exec_capped_ns_{0};

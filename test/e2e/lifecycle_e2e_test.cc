@@ -655,7 +655,7 @@ TEST_CASE("lifecycle e2e: exited processes past the new-process budget share ove
                           << " in neither; short_lived_burn samples " << burn << " (expected ~"
                           << expected << "); metric: " << merged << " images merged, "
                           << merged_profiles << " profiles; " << snapshots << " snapshots, " << shed
-                          << " shed, " << gone << " gone before their snapshot, "
+                          << " shed, " << gone << " gone before they were read, "
                           << "new-image work " << snapshot_work << " s (" << capped
                           << " s of it capped)");
   INFO("children in neither:\n  " << absl::StrJoin(neither, "\n  "));
@@ -671,13 +671,17 @@ TEST_CASE("lifecycle e2e: exited processes past the new-process budget share ove
   // charged 100 ms to the new-image budget, whose debt then shed ~80 children for 2.5 s. Not
   // seen on a quiet host.
   CHECK(in_neither <= shed + gone);
+  // And they stay few: shed and gone are counts over every new image of the host, so the check
+  // above would pass if every child were shed. A stall costs a few children (a 20 ms child
+  // exits during a 100-200 ms stall); the budget's debt after one is capped (kChargeCapNs).
+  CHECK(in_neither <= kChildren / 5);
   CHECK(in_both == 0);
   // Within the budget: the windows the children ran in made at most kBudget directories each
   // (the agent's other new processes take their share too).
   CHECK(in_own <= kBudget * (spanned + 1));
   CHECK(in_shared + in_neither >= kChildren - kBudget * (spanned + 1));
   // The children read while they ran have their burn named; the others' samples are there too.
-  CHECK(burn >= (kChildren - in_neither) * (expected / kChildren) / 2);
+  CHECK(burn >= (kChildren - in_neither) * expected / kChildren / 2);
   REQUIRE(burn + unnamed >= expected / 2);
   // Counted: every merged child at least (other exited processes of the host too); with
   // --profiles=cpu one profile per image and window (an image that ran across a boundary is
@@ -902,6 +906,8 @@ TEST_CASE("lifecycle e2e: process churn past the new-process budget is shed and 
   // forgave too: a forgiving budget fails here.
   CHECK(forgiven_s >= 0);  // exported (MetricValue: -1 when missing)
   CHECK(capped_s >= 0);
+  // The capped time is left out: single charges measured beyond 20 ms, vCPU stalls here (real
+  // work that long would be exempt from this bound too; none is expected of a /bin/true).
   CHECK(work_s - capped_s <= 0.05 + 0.02 * uptime_s + 0.1);
   // No window was missed meanwhile.
   CHECK(windows >= std::floor(churn_s / 2) - 1);

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/proc/maps.h"
+#include "agent/proc/process_table.h"
 #include "agent/proc/read_file.h"
 #include "agent/proc/stat.h"
 #include "agent/symbolize/elf_file.h"
@@ -444,6 +445,42 @@ TEST_CASE("unwind: a live process's mappings point at tables that describe its c
   CHECK(tables.stats().tables_built == st.tables_built);
   // A pid that does not exist: NotFound, nothing written.
   CHECK(absl::IsNotFound(tables.LoadProcess(0x3ffffff0)));
+}
+
+// A snapshot's pinned files whose identity (device, inode, size, mtime) is known find their
+// tables from the stat they were pinned with, without reopening anything: here the pins hold no
+// descriptor, and the tgid has no /proc entry, so only that path can find them.
+TEST_CASE("unwind: pinned files of a snapshot find known tables by their pinned identity",
+          "[unwind]") {
+  FakeMaps maps(1 << 20, 1024);
+  UnwindTables tables(&maps);
+  REQUIRE(tables.LoadProcess(getpid()).ok());  // builds this process's tables
+  const UnwindTableStats before = tables.stats();
+  auto text = proc::ReadFileToString("/proc/self/maps");
+  REQUIRE(text.ok());
+  auto entries = proc::ParseMaps(*text);
+  REQUIRE(entries.ok());
+  proc::ProcessInfo info;
+  info.maps = *entries;
+  info.files.resize(info.maps.size());
+  for (size_t i = 0; i < info.maps.size(); ++i) {
+    struct stat st {};
+    if (!info.maps[i].file_backed() || stat(info.maps[i].path.c_str(), &st) != 0) continue;
+    info.files[i] = std::make_shared<const proc::PinnedFile>(-1, st);
+  }
+  constexpr uint32_t kTgid = 0x3ffffff0;  // no such process
+  REQUIRE(tables.LoadProcess(kTgid, /*start_ticks=*/1, /*exec_id=*/7, &info).ok());
+  const UnwindTableStats after = tables.stats();
+  CHECK(after.tables_built == before.tables_built);
+  CHECK(after.unreadable == before.unreadable);
+  const ps_unwind_mapping* m = nullptr;
+  const uint64_t pc = reinterpret_cast<uint64_t>(&UnwindTestProbe);
+  const ps_unwind_row* r = maps.Lookup(kTgid, pc, &m);
+  REQUIRE(r != nullptr);
+  CHECK(r == maps.Lookup(getpid(), pc, &m));
+  void* w = dlsym(RTLD_DEFAULT, "write");
+  REQUIRE(w != nullptr);
+  CHECK(maps.Lookup(kTgid, reinterpret_cast<uint64_t>(w), &m) != nullptr);
 }
 
 TEST_CASE("unwind: the row budget is never exceeded, unused tables are evicted LRU first", "[unwind]") {
