@@ -298,18 +298,37 @@ TEST_CASE("sched e2e: off-CPU splits 3:1 between sleep_30ms and pipe_wait_10ms a
 
 namespace {
 
+// The wall profile of offcpu_fast's measured thread is its off-CPU intervals plus its on-CPU
+// samples (SPEC section 2): the part labelled state=running must be the thread's process_cpu
+// samples exactly, the rest its off-CPU profile exactly (the off-CPU total itself is checked
+// against the thread's clocks by the caller). The running part is sampled, and for this thread
+// sampled low: it runs ~4 us at a time, much of it in the scheduler with interrupts off, and a
+// cpu-clock tick (an hrtimer) that expires there is taken after the switch, in the next task.
+// perf record -e cpu-clock -F 499 -a measured 0.88-0.92 of the thread's CLOCK_THREAD_CPUTIME_ID
+// time alone and 0.60-0.77 beside the agent (whose sched_switch program lengthens that
+// interrupts-off path); the agent's own samples, 0.43-0.74 (CI: 0.43, a run where wall was 0.958
+// of the thread's life). So the band is wide; it still fails if the samples are missing from wall
+// or counted twice.
+void CheckWallOfFastThread(int64_t wall_total, int64_t wall_running, int64_t sampled_cpu,
+                           int64_t off_total, int64_t cpu_ns) {
+  CHECK(wall_running == sampled_cpu);
+  CHECK(Ratio(wall_total - wall_running, off_total) == Approx(1.0).margin(0.001));
+  CHECK(Ratio(wall_running, cpu_ns) >= 0.3);
+  CHECK(Ratio(wall_running, cpu_ns) <= 1.15);
+}
+
 // offcpu_fast (4 s) under the agent with off-CPU stack sampling on (agent_args): the measured
 // thread's off-CPU figures from its profiles, against the workload's own clocks.
 struct FastRun {
   TempDir out;
   Session s;
   int64_t tid = 0, life = 0, cpu = 0, w20 = 0, w60 = 0, waits = 0;
-  std::vector<Window> off, wall;
-  int64_t total = 0, in20 = 0, in60 = 0, wall_total = 0;
+  std::vector<Window> off, wall, oncpu;
+  int64_t total = 0, in20 = 0, in60 = 0, wall_total = 0, wall_running = 0, sampled_cpu = 0;
   uint64_t not_captured = 0, over_budget = 0, weighted = 0;
 
   explicit FastRun(const std::vector<std::string>& agent_args) {
-    std::vector<std::string> args = {"--profiles=off_cpu,wall", "--duration=6s",
+    std::vector<std::string> args = {"--profiles=cpu,off_cpu,wall", "--duration=6s",
                                      "--sampling-frequency=499"};
     args.insert(args.end(), agent_args.begin(), agent_args.end());
     RunSession(&s, {std::string(PS_WORKLOAD_DIR) + "/offcpu_fast", "4"}, args, out.path(), 30, {},
@@ -326,11 +345,14 @@ struct FastRun {
     weighted = Sampling("weighted");
     off = Load(out.path(), s.pid, "off_cpu");
     wall = Load(out.path(), s.pid, "wall");
+    oncpu = Load(out.path(), s.pid, "process_cpu");
     Pred me = TidIs(tid);
     total = SumOf(off, "off_cpu", me);
     in20 = SumOf(off, "off_cpu", And(me, InFunction("wait_20us")));
     in60 = SumOf(off, "off_cpu", And(me, InFunction("wait_60us")));
     wall_total = SumOf(wall, "wall", me);
+    wall_running = SumOf(wall, "wall", And(me, LabelIs("state", "running")));
+    sampled_cpu = SumOf(oncpu, "cpu", me);
   }
 
   // parascope_offcpu_stack_sampling_total{event=...} in the /metrics scraped after the phase.
@@ -350,16 +372,18 @@ struct FastRun {
       << " (truth life-cpu " << Ms(life - cpu) << ", ratio " << Ratio(total, life - cpu)
       << "), wait_20us share " << Ratio(in20, total) << " (truth " << Ratio(w20, w20 + w60)
       << "), wait_60us " << Ratio(in60, total) << " (truth " << Ratio(w60, w20 + w60) << "); wall "
-      << Ms(wall_total) << " (life " << Ms(life) << ")";
+      << Ms(wall_total) << " (life " << Ms(life) << "), of it running " << Ms(wall_running)
+      << " (process_cpu " << Ms(sampled_cpu) << ", truth cpu " << Ms(cpu) << ", ratio "
+      << Ratio(wall_running, cpu) << ") and not running " << Ms(wall_total - wall_running);
     return o.str();
   }
 
   // The weighted captured intervals, scaled to the thread's exact total (Collector::
   // ExactOffCpuTotals), sum to its off-CPU time and split it between its two wait sites as
-  // measured; its wall total is its life. The totals are measured, so their margin is the
-  // switch's own time (about +0.5% here: the tracepoint runs on the time the kernel charges to
-  // the next task); weights alone gave 0.96-1.04x. The split is sampled (its margin: about
-  // 1,500 captures of each wait site).
+  // measured; its wall profile is those intervals plus its on-CPU samples. The totals are measured,
+  // so their margin is the switch's own time (about +0.5% here: the tracepoint runs on the time the
+  // kernel charges to the next task); weights alone gave 0.96-1.04x. The split is sampled (its
+  // margin: about 1,500 captures of each wait site).
   void CheckMeasuredThread() const {
     // The premise: the thread switched far more often than any capture limit.
     REQUIRE(waits * 1e9 / life > 5000);
@@ -370,8 +394,7 @@ struct FastRun {
     CHECK(Ratio(total, life - cpu) == Approx(1.0).margin(0.02));
     CHECK(Ratio(in20, total) == Approx(Ratio(w20, w20 + w60)).margin(0.05));
     CHECK(Ratio(in60, total) == Approx(Ratio(w60, w20 + w60)).margin(0.05));
-    // The on-CPU part of wall is sampled (about 10% of the life, at 499 Hz).
-    CHECK(Ratio(wall_total, life) == Approx(1.0).margin(0.04));
+    CheckWallOfFastThread(wall_total, wall_running, sampled_cpu, total, cpu);
   }
 };
 
@@ -555,11 +578,16 @@ TEST_CASE("sched e2e: an agent confined to CPU 0 by a cpuset loses no sample and
   for (const Window& w : cpu_files) samples_in_files += SumOf(w.p, "samples", All());
   Pred me = TidIs(tid);
   const int64_t off_total = SumOf(off, "off_cpu", me), wall_total = SumOf(wall, "wall", me);
-  FIGURES("workload on CPU " << s.Done("cpu") << ", agent in a cpuset on CPU 0: " << windows
-              << " windows, samples taken " << taken << ", in profiles " << in_profiles
-              << ", in files " << samples_in_files << ", flip wait timeouts " << timeouts
-              << "; tid " << tid << " off-CPU " << Ms(off_total) << " (truth life-cpu "
-              << Ms(life - cpu) << "), wall " << Ms(wall_total) << " (life " << Ms(life) << ")");
+  const int64_t wall_running = SumOf(wall, "wall", And(me, LabelIs("state", "running")));
+  const int64_t sampled_cpu = SumOf(cpu_files, "cpu", me);
+  FIGURES(
+      "workload on CPU " << s.Done("cpu") << ", agent in a cpuset on CPU 0: " << windows
+                         << " windows, samples taken " << taken << ", in profiles " << in_profiles
+                         << ", in files " << samples_in_files << ", flip wait timeouts " << timeouts
+                         << "; tid " << tid << " off-CPU " << Ms(off_total) << " (truth life-cpu "
+                         << Ms(life - cpu) << "), wall " << Ms(wall_total) << " (life " << Ms(life)
+                         << "), of it running " << Ms(wall_running) << " (process_cpu "
+                         << Ms(sampled_cpu) << ", truth cpu " << Ms(cpu) << ")");
   REQUIRE(s.Done("cpu") == 1);  // the premise: the work ran outside the agent's cpuset
   CHECK(windows == 2);
   CHECK(timeouts == 0);
@@ -571,7 +599,7 @@ TEST_CASE("sched e2e: an agent confined to CPU 0 by a cpuset loses no sample and
   // estimate (as in the 20k-blocks test, whose margins these are). With weights alone a window's
   // wall time could exceed the window (3.25 s in 3.15 s, off-CPU +7%).
   CHECK(Ratio(off_total, life - cpu) == Approx(1.0).margin(0.02));
-  CHECK(Ratio(wall_total, life) == Approx(1.0).margin(0.04));
+  CheckWallOfFastThread(wall_total, wall_running, sampled_cpu, off_total, cpu);
   for (const Window& w : wall) {
     INFO(w.path);
     if (w.p.duration_nanos > 0) CHECK(SumOf(w.p, "wall", me) <= w.p.duration_nanos * 105 / 100);
