@@ -1540,7 +1540,7 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
       "no_table_yet=%d no_table_for_pc=%d read_fault=%d bad_frame=%d fp_frames=%d vma_frames=%d "
       "vma_cache_full=%d tables=%d table_bytes=%d built=%d evicted=%d budget_full=%d files=%d "
       "files_full=%d) new_images(shed=%d gone=%d work_ms=%d forgiven_ms=%d capped_ms=%d "
-      "build_ms=%d)",
+      "build_ms=%d inline_loads=%d)",
       windows, bpf->flip_wait_timeouts(), c[PS_CTR_SAMPLES], ps.samples, profiles_written,
       export_errors, c[PS_CTR_SWITCHES], c[PS_CTR_SWITCH_CHAIN_BREAKS], c[PS_CTR_SAMPLE_REPAIRS],
       c[PS_CTR_OFFCPU_NOT_CAPTURED], c[PS_CTR_OFFCPU_OVER_BUDGET], c[PS_CTR_OFFCPU_WEIGHTED],
@@ -1555,7 +1555,8 @@ absl::Status RunAgent(const Config& config, int* exit_status) {
       c[PS_CTR_UNWIND_FP_FRAMES], c[PS_CTR_UNWIND_VMA_FRAMES], c[PS_CTR_UNWIND_VMA_CACHE_FULL],
       us.tables, us.table_bytes, us.tables_built, us.tables_evicted, us.budget_full, us.files,
       us.files_full, us.exec_snapshots_shed, us.process_gone, us.exec_snapshot_cpu_ns / 1000000,
-      us.exec_forgiven_cpu_ns / 1000000, us.exec_capped_cpu_ns / 1000000, us.build_ns / 1000000);
+      us.exec_forgiven_cpu_ns / 1000000, us.exec_capped_cpu_ns / 1000000, us.build_ns / 1000000,
+      us.exec_inline_loads);
   if (debuginfod != nullptr) {
     symbolize::DebuginfodStats d = debuginfod->stats();
     Log(LogLevel::kInfo,

@@ -226,14 +226,35 @@ UnwindTables::Table* UnwindTables::VdsoTable() {
   return Insert(kKey, *std::move(t));
 }
 
+namespace {
+// A file's identity for its table: device, inode, size and modification time.
+std::string IdentityOf(const struct stat& st) {
+  return absl::StrCat(st.st_dev, ":", st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".",
+                      st.st_mtim.tv_nsec);
+}
+}  // namespace
+
+bool UnwindTables::LoadsWithoutBuilding(const proc::ProcessInfo& snapshot) const {
+  for (size_t i = 0; i < snapshot.maps.size(); ++i) {
+    const proc::MapEntry& m = snapshot.maps[i];
+    if (!m.executable() || m.path == "[vdso]" || !m.file_backed()) continue;
+    const proc::PinnedFile* pinned = i < snapshot.files.size() ? snapshot.files[i].get() : nullptr;
+    if (pinned == nullptr) return false;
+    const std::string identity = IdentityOf(pinned->stat());
+    if (auto it = identity_to_key_.find(identity);
+        it != identity_to_key_.end() && tables_.contains(it->second)) {
+      continue;
+    }
+    if (!failed_identity_.contains(identity)) return false;
+  }
+  return true;
+}
+
 UnwindTables::Table* UnwindTables::TableFor(uint32_t tgid, const proc::MapEntry& m,
                                             const proc::PinnedFile* pinned) {
   if (m.path == "[vdso]") return VdsoTable();
   if (!m.file_backed()) return nullptr;
-  auto identity_of = [](const struct stat& st) {
-    return absl::StrCat(st.st_dev, ":", st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".",
-                        st.st_mtim.tv_nsec);
-  };
+  auto identity_of = [](const struct stat& st) { return IdentityOf(st); };
   // A pinned file seen before finds its table by the identity it had when pinned, with no
   // system call. Under process churn every image maps the same few files, and the dup, fstat
   // and close per mapping were a third to two thirds of a new image's table load on this kind
@@ -686,6 +707,7 @@ UnwindTableStats UnwindService::stats() const {
   s.exec_snapshot_cpu_ns = exec_cpu_ns_.load(std::memory_order_relaxed);
   s.exec_forgiven_cpu_ns = exec_forgiven_ns_.load(std::memory_order_relaxed);
   s.exec_capped_cpu_ns = exec_capped_ns_.load(std::memory_order_relaxed);
+  s.exec_inline_loads = inline_loads_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -986,10 +1008,39 @@ void UnwindService::PollLoop() {
       if (new_image) charge(ThreadCpuNs() - cpu0);
       work.push_back(std::move(w));
     }
+    // A new image whose every file's table is loaded already (a short-lived process of a
+    // program run before: under churn, nearly all) is loaded here, in tens of microseconds,
+    // rather than handed to TableLoop: the hand-off's futex wake and TableLoop's wake-up cost
+    // more on this kind of VM than the load. Only while TableLoop holds no work (mu_ free, the
+    // queue empty and no batch taken from it) so that the loads keep their order: TableLoop may
+    // be building a big file's table for seconds, and then this thread must not wait on it.
+    size_t inlined = 0;
+    if (!work.empty()) {
+      std::unique_lock<std::mutex> tl(mu_, std::try_to_lock);
+      bool idle = false;
+      if (tl.owns_lock()) {
+        std::lock_guard<std::mutex> q(queue_mu_);
+        idle = queue_.empty() && !batch_taken_;
+      }
+      for (; idle && inlined < work.size(); ++inlined) {
+        const Work& w = work[inlined];
+        const uint32_t kind = w.event.kind;
+        if ((kind != PS_UNWIND_EVENT_EXEC && kind != kFollowUpEvent) || w.snapshot == nullptr ||
+            !tables_.LoadsWithoutBuilding(*w.snapshot)) {
+          break;
+        }
+        int loads = 0;
+        int64_t spent = 0;
+        HandleWork(w, now, &spent, &loads);
+        charged += spent;  // charged by HandleWork
+        ++inline_loads_;
+      }
+    }
     {
       std::lock_guard<std::mutex> l(queue_mu_);
       const int64_t queued = MonotonicNowNs();
-      for (Work& w : work) {
+      for (size_t i = inlined; i < work.size(); ++i) {
+        Work& w = work[i];
         if (queue_.size() >= kMaxQueued) {
           ++dropped_;
           continue;
@@ -998,7 +1049,7 @@ void UnwindService::PollLoop() {
         queue_.push_back(std::move(w));
       }
     }
-    queue_cv_.notify_one();
+    if (inlined < work.size()) queue_cv_.notify_one();
     // Past the new-image budget nothing here is urgent (new images are shed): a pause lets the
     // events arrive together. Measured, 3000 /bin/true exec'd and reaped back to back: 6164
     // wake-ups for 7801 events without a pause, 2300 with 2 ms; the unwinder's threads
@@ -1027,13 +1078,72 @@ void UnwindService::PollLoop() {
   }
 }
 
+void UnwindService::HandleWork(const Work& w, int64_t now, int64_t* charged, int* loads) {
+  constexpr int64_t kRefreshNs = 200000000;  // a process's maps re-read at most every 0.2 s
+  // An image whose load failed, or whose snapshot found it gone, is not loaded again for 0.4 s
+  // unless it execs (one image, one failure counted).
+  auto retry_later = [&](uint32_t tgid) {
+    if (retry_after_.size() >= kMaxImageEntries) retry_after_.clear();
+    retry_after_[tgid] = now + kRefreshNs * 2;
+  };
+  const ps_unwind_event& e = w.event;
+  uint64_t ticks = e.tgid_start_ns / PS_NS_PER_TICK;
+  // A known image needs nothing; another image of a known process (an exec whose event was
+  // lost or folded into another's) is reloaded.
+  if ((e.kind == PS_UNWIND_EVENT_NEW_PROCESS || e.kind == PS_UNWIND_EVENT_CLAIM) &&
+      tables_.KnownImage(e.tgid, ticks, e.exec_id)) {
+    return;
+  }
+  // A claim only adopts an entry read from /proc: one that now holds another image's list
+  // (an exec came between the claim and here) stays, and so does a process forgotten since.
+  if (e.kind == PS_UNWIND_EVENT_CLAIM) return;
+  if (auto it = retry_after_.find(e.tgid); it != retry_after_.end()) {
+    if (now < it->second && e.kind != PS_UNWIND_EVENT_EXEC && e.kind != kFollowUpEvent) {
+      return;
+    }
+    retry_after_.erase(it);
+  }
+  // After an exec the old image's mappings are wrong: reload whatever the rate.
+  const bool load = e.kind == PS_UNWIND_EVENT_EXEC || e.kind == kFollowUpEvent ||
+                    e.kind == PS_UNWIND_EVENT_NEW_PROCESS || e.kind == PS_UNWIND_EVENT_CLAIM ||
+                    tables_.RefreshDue(e.tgid, ticks, now, kRefreshNs);
+  if (!load) return;
+  // The snapshot (read when the event arrived) is used if it is this image's; a later
+  // event's maps are read here.
+  const bool exec_work = e.kind == PS_UNWIND_EVENT_EXEC || e.kind == kFollowUpEvent ||
+                         e.kind == PS_UNWIND_EVENT_NEW_PROCESS;
+  // The snapshot found the image gone: reading /proc again here would find it gone too
+  // (two stat reads), under churn for most short-lived processes.
+  // Its later requests in this batch or the next 0.4 s are skipped as after a failed load
+  // (one image, one process_gone), and an entry of the dead process itself goes now.
+  if (w.gone) {
+    tables_.ForgetGone(e.tgid, ticks);
+    retry_later(e.tgid);
+    return;
+  }
+  const int64_t cpu0 = ThreadCpuNs();
+  const uint64_t build_ns0 = tables_.build_ns();
+  absl::Status s = tables_.LoadProcess(e.tgid, ticks, e.exec_id, w.snapshot.get());
+  const int64_t spent = ThreadCpuNs() - cpu0;
+  // Capped unless it built (or tried to build) a table: the cost that really runs long.
+  if (exec_work) ChargeExec(spent, /*capped=*/tables_.build_ns() == build_ns0);
+  *charged += spent;  // a refresh of a known process is not new-image work: left out
+  ++*loads;
+  if (w.queued_ns != 0) {
+    if (const int64_t late = MonotonicNowNs() - w.queued_ns; late > 5000000) {
+      Log(LogLevel::kDebug, "process %d (exec %d): table of event %d loaded %.1f ms after queued",
+          e.tgid, e.exec_id, e.kind, late / 1e6);
+    }
+  }
+  if (!s.ok()) retry_later(e.tgid);
+}
+
 void UnwindService::TableLoop() {
   // Exited processes are forgotten every 10 s (UnwindTables::SweepExited: one read of /proc,
   // and a /proc/<tgid>/stat read per process every minute for reused pids). A stale entry is
   // harmless meanwhile: the walker checks the start time, and a new process with the pid
   // replaces it on its first sample.
   constexpr int64_t kSweepNs = 10000000000;
-  constexpr int64_t kRefreshNs = 200000000;       // a process's maps re-read at most every 0.2 s
   int64_t last_sweep = MonotonicNowNs();
   int64_t last_perf_map_poll = 0;
   std::deque<Work> batch;
@@ -1049,6 +1159,7 @@ void UnwindService::TableLoop() {
       std::unique_lock<std::mutex> l(queue_mu_);
       queue_cv_.wait_for(l, std::chrono::seconds(1), [this] { return stop_ || !queue_.empty(); });
       batch.swap(queue_);
+      batch_taken_ = !batch.empty();
     }
     const int64_t wait_start = MonotonicNowNs();
     std::lock_guard<std::mutex> l(mu_);
@@ -1059,62 +1170,8 @@ void UnwindService::TableLoop() {
       return w.event.kind == PS_UNWIND_EVENT_EXEC || w.event.kind == kFollowUpEvent ||
              w.event.kind == PS_UNWIND_EVENT_NEW_PROCESS;
     });
-    // An image whose load failed, or whose snapshot found it gone, is not loaded again for 0.4 s
-    // unless it execs (one image, one failure counted).
-    auto retry_later = [&](uint32_t tgid) {
-      if (retry_after_.size() >= kMaxImageEntries) retry_after_.clear();
-      retry_after_[tgid] = now + kRefreshNs * 2;
-    };
-    for (const Work& w : batch) {
-      const ps_unwind_event& e = w.event;
-      uint64_t ticks = e.tgid_start_ns / PS_NS_PER_TICK;
-      // A known image needs nothing; another image of a known process (an exec whose event was
-      // lost or folded into another's) is reloaded.
-      if ((e.kind == PS_UNWIND_EVENT_NEW_PROCESS || e.kind == PS_UNWIND_EVENT_CLAIM) &&
-          tables_.KnownImage(e.tgid, ticks, e.exec_id)) {
-        continue;
-      }
-      // A claim only adopts an entry read from /proc: one that now holds another image's list
-      // (an exec came between the claim and here) stays, and so does a process forgotten since.
-      if (e.kind == PS_UNWIND_EVENT_CLAIM) continue;
-      if (auto it = retry_after_.find(e.tgid); it != retry_after_.end()) {
-        if (now < it->second && e.kind != PS_UNWIND_EVENT_EXEC && e.kind != kFollowUpEvent) {
-          continue;
-        }
-        retry_after_.erase(it);
-      }
-      // After an exec the old image's mappings are wrong: reload whatever the rate.
-      const bool load = e.kind == PS_UNWIND_EVENT_EXEC || e.kind == kFollowUpEvent ||
-                        e.kind == PS_UNWIND_EVENT_NEW_PROCESS || e.kind == PS_UNWIND_EVENT_CLAIM ||
-                        tables_.RefreshDue(e.tgid, ticks, now, kRefreshNs);
-      if (!load) continue;
-      // The snapshot (read when the event arrived) is used if it is this image's; a later
-      // event's maps are read here.
-      const bool exec_work = e.kind == PS_UNWIND_EVENT_EXEC || e.kind == kFollowUpEvent ||
-                             e.kind == PS_UNWIND_EVENT_NEW_PROCESS;
-      // The snapshot found the image gone: reading /proc again here would find it gone too
-      // (two stat reads), under churn for most short-lived processes.
-      // Its later requests in this batch or the next 0.4 s are skipped as after a failed load
-      // (one image, one process_gone), and an entry of the dead process itself goes now.
-      if (w.gone) {
-        tables_.ForgetGone(e.tgid, ticks);
-        retry_later(e.tgid);
-        continue;
-      }
-      const int64_t cpu0 = ThreadCpuNs();
-      const uint64_t build_ns0 = tables_.build_ns();
-      absl::Status s = tables_.LoadProcess(e.tgid, ticks, e.exec_id, w.snapshot.get());
-      const int64_t spent = ThreadCpuNs() - cpu0;
-      // Capped unless it built (or tried to build) a table: the cost that really runs long.
-      if (exec_work) ChargeExec(spent, /*capped=*/tables_.build_ns() == build_ns0);
-      charged += spent;  // a refresh of a known process is not new-image work: left out
-      ++loads;
-      if (const int64_t late = MonotonicNowNs() - w.queued_ns; late > 5000000) {
-        Log(LogLevel::kDebug, "process %d (exec %d): table of event %d loaded %.1f ms after queued",
-            e.tgid, e.exec_id, e.kind, late / 1e6);
-      }
-      if (!s.ok()) retry_later(e.tgid);
-    }
+    for (const Work& w : batch) HandleWork(w, now, &charged, &loads);
+    batch_taken_ = false;  // under mu_: PollLoop may load inline from here on (see there)
     const size_t handled = batch.size();
     batch.clear();
     // Housekeeping below is charged to no batch (it runs whatever the churn).

@@ -112,6 +112,9 @@ struct UnwindTableStats {
   // Of exec_snapshot_cpu_ns, what single charges measured beyond UnwindService::kChargeCapNs
   // and the bucket did not charge (vCPU stalls; see there).
   uint64_t exec_capped_cpu_ns = 0;
+  // New images loaded by UnwindService's poll thread itself (every table known), not handed to
+  // its table thread.
+  uint64_t exec_inline_loads = 0;
 };
 
 // Not thread-safe by itself; UnwindService serializes access.
@@ -162,6 +165,11 @@ class UnwindTables {
   void ReleaseQuarantine(int64_t now_ns, int64_t quarantine_ns = 1000000000);
 
   bool Known(uint32_t tgid, uint64_t start_ticks) const;
+  // True when LoadProcess of `snapshot` would build no table: every executable file mapping is
+  // pinned with an identity whose table is loaded (found with no system call) or whose build
+  // failed before. Such a load takes tens of microseconds (UnwindService loads it in its poll
+  // thread).
+  bool LoadsWithoutBuilding(const proc::ProcessInfo& snapshot) const;
   // Known, and its mapping list is image exec_id's (an entry loaded from /proc, whose exec id was
   // unknown, adopts it: the walker claimed that entry for the running image).
   bool KnownImage(uint32_t tgid, uint64_t start_ticks, uint32_t exec_id);
@@ -273,7 +281,8 @@ class UnwindService {
 
  private:
   // Polls the ring buffer and snapshots each new process image at once (cheap: a maps read and
-  // some opens), so short-lived processes are read while they run, then queues the event. A
+  // some opens), so short-lived processes are read while they run, then queues the event (or,
+  // when the image's tables are all known and TableLoop is idle, loads it itself). A
   // request for an image the walker met before its exec event came waits 1 ms for that exec
   // (kExecWaitNs): a fork child about to exec is then superseded, not read.
   void PollLoop();
@@ -300,9 +309,11 @@ class UnwindService {
   // The burst reads about 150 `/bin/true` images at once here (0.3 ms each, their rounds
   // included): a build's or a script's spurt. A sampled short-lived child costs more: the
   // short-lived tests' 100 children of 20 ms, sampled at 499 Hz and run back to back in
-  // ~2.5 s, took 0.08-0.10 s (measured: 0.8-1 ms each for the exec's snapshot and load, the
-  // follow-up's, the fork child's request and the walker's first requests of the new image, two
-  // rounds of each thread), about the burst plus the refill.
+  // ~2.5 s, take 0.025-0.037 s (the exec's snapshot and load, the follow-up's, the fork child's
+  // request and the walker's first requests of the new image, each a round of the poll thread),
+  // quiet or with a busy loop on each CPU. That was 0.08-0.10 s, about the burst plus the
+  // refill, while every load was handed to TableLoop (two more wake-ups a child); PollLoop now
+  // loads an image whose tables are all known itself.
   // The burst was 250 ms; scenario 3 of bench/ (1000 processes exec'd and reaped in 2 s, from a
   // full bucket) then cost the agent 0.41 s of CPU, most of it this burst (bench/: 0.278 s at 100
   // ms, 0.198 s at 50 ms; issue 14 asks 0.2 s a window).
@@ -342,6 +353,11 @@ class UnwindService {
     int64_t queued_ns = 0;  // CLOCK_MONOTONIC when queued for TableLoop (debug timing)
   };
   static constexpr size_t kMaxQueued = 8192;
+  // TableLoop's handling of one request: the load (with `w`'s snapshot) of an exec'd image, a
+  // follow-up, a new process or one whose maps are due a refresh, or what a gone or known image
+  // needs instead. New-image loads are charged to the budget here (ChargeExec); every load's
+  // thread CPU time is added to *charged and counted in *loads. Requires mu_.
+  void HandleWork(const Work& w, int64_t now, int64_t* charged, int* loads);
   // Bounds of the per-image bookkeeping below, each cleared whole when full (absl frees a big
   // table's array on clear). Under continuous churn (2,000 execs a second here) they fill in
   // seconds: at 65536 entries each they held 9 MB between them (the poll thread's arena,
@@ -373,6 +389,11 @@ class UnwindService {
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
   std::deque<Work> queue_;
+  // TableLoop took a batch from queue_ (set under queue_mu_) and has not handled it yet (cleared
+  // under mu_): PollLoop then loads nothing itself, so that loads keep their order.
+  std::atomic<bool> batch_taken_{false};
+  // New images PollLoop loaded itself (their files' tables all known), not handed to TableLoop.
+  std::atomic<uint64_t> inline_loads_{0};
   std::atomic<uint64_t> dropped_{0};
   // PollLoop's snapshot rate for images that keep reporting unknown pcs: last time, count.
   struct SnapshotRate {

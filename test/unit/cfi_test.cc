@@ -483,6 +483,61 @@ TEST_CASE("unwind: pinned files of a snapshot find known tables by their pinned 
   CHECK(maps.Lookup(kTgid, reinterpret_cast<uint64_t>(w), &m) != nullptr);
 }
 
+// UnwindService loads a new image in its poll thread only when that builds nothing: every
+// executable file pinned under an identity whose table is loaded, or whose build failed.
+TEST_CASE("unwind: a snapshot loads without building only when every file's table is known",
+          "[unwind]") {
+  auto text = proc::ReadFileToString("/proc/self/maps");
+  REQUIRE(text.ok());
+  auto entries = proc::ParseMaps(*text);
+  REQUIRE(entries.ok());
+  proc::ProcessInfo info;
+  info.maps = *entries;
+  info.files.resize(info.maps.size());
+  size_t executable_files = 0;
+  for (size_t i = 0; i < info.maps.size(); ++i) {
+    struct stat st {};
+    if (!info.maps[i].file_backed() || stat(info.maps[i].path.c_str(), &st) != 0) continue;
+    info.files[i] = std::make_shared<const proc::PinnedFile>(-1, st);
+    if (info.maps[i].executable()) ++executable_files;
+  }
+  REQUIRE(executable_files >= 2);  // this test binary and libc at least
+  FakeMaps maps(1 << 20, 1024);
+  UnwindTables tables(&maps);
+  CHECK(!tables.LoadsWithoutBuilding(info));   // nothing built yet
+  REQUIRE(tables.LoadProcess(getpid()).ok());  // builds this process's tables
+  CHECK(tables.LoadsWithoutBuilding(info));
+  // A mapping with no pin (its file could not be pinned): a load would open it.
+  proc::ProcessInfo unpinned = info;
+  for (size_t i = 0; i < unpinned.maps.size(); ++i) {
+    if (unpinned.maps[i].executable() && unpinned.files[i] != nullptr) {
+      unpinned.files[i] = nullptr;
+      break;
+    }
+  }
+  CHECK(!tables.LoadsWithoutBuilding(unpinned));
+  // A file never seen (another identity: another mtime) would be built.
+  proc::ProcessInfo other = info;
+  for (size_t i = 0; i < other.maps.size(); ++i) {
+    if (!other.maps[i].executable() || other.files[i] == nullptr) continue;
+    struct stat st = other.files[i]->stat();
+    st.st_mtim.tv_nsec ^= 1;
+    other.files[i] = std::make_shared<const proc::PinnedFile>(-1, st);
+    break;
+  }
+  CHECK(!tables.LoadsWithoutBuilding(other));
+  // Mappings without a file (anonymous, [vdso], [stack]) need no table of a file.
+  proc::ProcessInfo anonymous;
+  for (size_t i = 0; i < info.maps.size(); ++i) {
+    if (!info.maps[i].file_backed()) {
+      anonymous.maps.push_back(info.maps[i]);
+      anonymous.files.push_back(nullptr);
+    }
+  }
+  REQUIRE(!anonymous.maps.empty());
+  CHECK(tables.LoadsWithoutBuilding(anonymous));
+}
+
 TEST_CASE("unwind: the row budget is never exceeded, unused tables are evicted LRU first", "[unwind]") {
   // Another program (sleep: its own binary, libc, ld.so), which then exits: its tables become
   // unused. The pipe closes on exec, so its maps are read after the exec.
