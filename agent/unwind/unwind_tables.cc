@@ -237,7 +237,7 @@ std::string IdentityOf(const struct stat& st) {
 bool UnwindTables::LoadsWithoutBuilding(const proc::ProcessInfo& snapshot) const {
   for (size_t i = 0; i < snapshot.maps.size(); ++i) {
     const proc::MapEntry& m = snapshot.maps[i];
-    if (!m.executable() || m.path == "[vdso]" || !m.file_backed()) continue;
+    if (!m.executable() || !m.file_backed()) continue;  // [vdso] is not file-backed
     const proc::PinnedFile* pinned = i < snapshot.files.size() ? snapshot.files[i].get() : nullptr;
     if (pinned == nullptr) return false;
     const std::string identity = IdentityOf(pinned->stat());
@@ -263,10 +263,13 @@ UnwindTables::Table* UnwindTables::TableFor(uint32_t tgid, const proc::MapEntry&
   // lives (ProcessTable shares pins by device, inode and path) keeps the old identity, so new
   // processes mapping it get the table of its old contents until the pin is released.
   if (pinned != nullptr) {
-    if (auto it = identity_to_key_.find(identity_of(pinned->stat()));
-        it != identity_to_key_.end()) {
+    const std::string identity = identity_of(pinned->stat());
+    if (auto it = identity_to_key_.find(identity); it != identity_to_key_.end()) {
       if (auto t = tables_.find(it->second); t != tables_.end()) return t->second.get();
     }
+    // A file whose build failed (no CFI, unreadable) under the pinned identity: as above, no
+    // system call, and LoadsWithoutBuilding's promise holds.
+    if (failed_identity_.contains(identity)) return nullptr;
   }
   // The file as the process sees it: map_files/ names the mapped file itself (also deleted or
   // replaced files, and in other mount namespaces; needs CAP_SYS_ADMIN), else the path under
@@ -829,7 +832,7 @@ void UnwindService::PollLoop() {
   // a shed process's request while it runs, at most every 0.1 s per CPU): that is what churn
   // costs this thread, and the debt it adds lengthens the pause.
   int64_t round_cpu0 = ThreadCpuNs();
-  int64_t charged = 0;      // of this round: charged as it went (snapshots), or left out
+  int64_t charged = 0;      // of this round: charged as it went (snapshots, loads), or left out
   bool new_images = false;  // this round had new images (EXEC, NEW_PROCESS) or follow-ups
   auto charge = [&](int64_t ns) {
     ChargeExec(ns);
@@ -1011,29 +1014,34 @@ void UnwindService::PollLoop() {
     // A new image whose every file's table is loaded already (a short-lived process of a
     // program run before: under churn, nearly all) is loaded here, in tens of microseconds,
     // rather than handed to TableLoop: the hand-off's futex wake and TableLoop's wake-up cost
-    // more on this kind of VM than the load. Only while TableLoop holds no work (mu_ free, the
-    // queue empty and no batch taken from it) so that the loads keep their order: TableLoop may
-    // be building a big file's table for seconds, and then this thread must not wait on it.
+    // more on this kind of VM than the load. So is one whose snapshot found it gone (its entry
+    // forgotten). Only while TableLoop holds no work (mu_ free, the queue empty and no batch
+    // taken from it) so that the loads keep their order: TableLoop may be building a big file's
+    // table for seconds, and then this thread must not wait on it. A load here can still run
+    // long in one case: the BPF process map full, when LoadProcess sweeps /proc for exited
+    // processes (at most every 10 s). TableLoop's housekeeping (ReleaseQuarantine) then runs on
+    // its 1 s tick rather than after each load: freed mapping slots wait up to 2 s, not 1 s.
+    // Requires mu_ (HandleWork's tables_ and retry_after_).
+    auto inlinable = [this](const Work& w) {
+      const uint32_t kind = w.event.kind;
+      if (kind != PS_UNWIND_EVENT_EXEC && kind != kFollowUpEvent) return false;
+      return w.gone || (w.snapshot != nullptr && tables_.LoadsWithoutBuilding(*w.snapshot));
+    };
     size_t inlined = 0;
-    if (!work.empty()) {
+    if (!work.empty() &&
+        (work[0].event.kind == PS_UNWIND_EVENT_EXEC || work[0].event.kind == kFollowUpEvent)) {
       std::unique_lock<std::mutex> tl(mu_, std::try_to_lock);
       bool idle = false;
       if (tl.owns_lock()) {
         std::lock_guard<std::mutex> q(queue_mu_);
         idle = queue_.empty() && !batch_taken_;
       }
-      for (; idle && inlined < work.size(); ++inlined) {
-        const Work& w = work[inlined];
-        const uint32_t kind = w.event.kind;
-        if ((kind != PS_UNWIND_EVENT_EXEC && kind != kFollowUpEvent) || w.snapshot == nullptr ||
-            !tables_.LoadsWithoutBuilding(*w.snapshot)) {
-          break;
-        }
+      for (; idle && inlined < work.size() && inlinable(work[inlined]); ++inlined) {
         int loads = 0;
         int64_t spent = 0;
-        HandleWork(w, now, &spent, &loads);
-        charged += spent;  // charged by HandleWork
-        ++inline_loads_;
+        HandleWork(work[inlined], now, &spent, &loads);
+        charged += spent;  // charged to the budget by HandleWork
+        inline_loads_ += loads;
       }
     }
     {

@@ -325,7 +325,8 @@ class UnwindService {
   // Refills the bucket for the wall time since the last call and says whether exec work may
   // go on (the work is charged after, at its measured thread CPU time: ChargeExec).
   bool ExecBudgetLeft(int64_t now_ns);
-  // Taken by PollLoop (snapshots) and TableLoop (loads of exec'd images); refilled by PollLoop.
+  // Taken by PollLoop (snapshots, and loads it does itself) and TableLoop (loads of exec'd
+  // images); refilled by PollLoop.
   std::atomic<int64_t> exec_tokens_ns_{kExecBurstNs};
   // Charges `measured_ns` of exec work to the bucket, down to -kExecBurstNs at most (the rest
   // is counted in exec_forgiven_ns_). With `capped`, at most kChargeCapNs of it (the rest is
@@ -353,7 +354,8 @@ class UnwindService {
     int64_t queued_ns = 0;  // CLOCK_MONOTONIC when queued for TableLoop (debug timing)
   };
   static constexpr size_t kMaxQueued = 8192;
-  // TableLoop's handling of one request: the load (with `w`'s snapshot) of an exec'd image, a
+  // The handling of one request, by TableLoop or (an image whose tables are all known, see
+  // PollLoop) by PollLoop: the load (with `w`'s snapshot) of an exec'd image, a
   // follow-up, a new process or one whose maps are due a refresh, or what a gone or known image
   // needs instead. New-image loads are charged to the budget here (ChargeExec); every load's
   // thread CPU time is added to *charged and counted in *loads. Requires mu_.
@@ -392,7 +394,8 @@ class UnwindService {
   // TableLoop took a batch from queue_ (set under queue_mu_) and has not handled it yet (cleared
   // under mu_): PollLoop then loads nothing itself, so that loads keep their order.
   std::atomic<bool> batch_taken_{false};
-  // New images PollLoop loaded itself (their files' tables all known), not handed to TableLoop.
+  // New images PollLoop loaded itself (their files' tables all known), not handed to TableLoop:
+  // LoadProcess calls, failed ones included.
   std::atomic<uint64_t> inline_loads_{0};
   std::atomic<uint64_t> dropped_{0};
   // PollLoop's snapshot rate for images that keep reporting unknown pcs: last time, count.
@@ -428,7 +431,7 @@ class UnwindService {
   static constexpr size_t kMaxFollowUps = 4096;
   std::vector<FollowUp> follow_ups_;
   uint64_t follow_ups_dropped_ = 0;
-  // Processes whose load failed, not retried before the time (monotonic ns) given.
+  // Processes whose load failed, not retried before the time (monotonic ns) given. Under mu_.
   absl::flat_hash_map<uint32_t, int64_t> retry_after_;
 };
 

@@ -507,6 +507,11 @@ TEST_CASE("unwind: a snapshot loads without building only when every file's tabl
   CHECK(!tables.LoadsWithoutBuilding(info));   // nothing built yet
   REQUIRE(tables.LoadProcess(getpid()).ok());  // builds this process's tables
   CHECK(tables.LoadsWithoutBuilding(info));
+  // ... and the load then builds nothing (a process with no /proc entry: only the pins count).
+  const UnwindTableStats before = tables.stats();
+  REQUIRE(tables.LoadProcess(0x3ffffff0, /*start_ticks=*/1, /*exec_id=*/7, &info).ok());
+  CHECK(tables.stats().tables_built == before.tables_built);
+  CHECK(tables.stats().build_ns == before.build_ns);
   // A mapping with no pin (its file could not be pinned): a load would open it.
   proc::ProcessInfo unpinned = info;
   for (size_t i = 0; i < unpinned.maps.size(); ++i) {
