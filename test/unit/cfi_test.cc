@@ -447,15 +447,9 @@ TEST_CASE("unwind: a live process's mappings point at tables that describe its c
   CHECK(absl::IsNotFound(tables.LoadProcess(0x3ffffff0)));
 }
 
-// A snapshot's pinned files whose identity (device, inode, size, mtime) is known find their
-// tables from the stat they were pinned with, without reopening anything: here the pins hold no
-// descriptor, and the tgid has no /proc entry, so only that path can find them.
-TEST_CASE("unwind: pinned files of a snapshot find known tables by their pinned identity",
-          "[unwind]") {
-  FakeMaps maps(1 << 20, 1024);
-  UnwindTables tables(&maps);
-  REQUIRE(tables.LoadProcess(getpid()).ok());  // builds this process's tables
-  const UnwindTableStats before = tables.stats();
+// This process's mappings as a ProcessTable snapshot would hold them, each file pinned by the
+// stat of its path but with no descriptor (-1): only a pinned identity can find its table.
+static proc::ProcessInfo SelfWithDescriptorlessPins() {
   auto text = proc::ReadFileToString("/proc/self/maps");
   REQUIRE(text.ok());
   auto entries = proc::ParseMaps(*text);
@@ -468,6 +462,19 @@ TEST_CASE("unwind: pinned files of a snapshot find known tables by their pinned 
     if (!info.maps[i].file_backed() || stat(info.maps[i].path.c_str(), &st) != 0) continue;
     info.files[i] = std::make_shared<const proc::PinnedFile>(-1, st);
   }
+  return info;
+}
+
+// A snapshot's pinned files whose identity (device, inode, size, mtime) is known find their
+// tables from the stat they were pinned with, without reopening anything: here the pins hold no
+// descriptor, and the tgid has no /proc entry, so only that path can find them.
+TEST_CASE("unwind: pinned files of a snapshot find known tables by their pinned identity",
+          "[unwind]") {
+  FakeMaps maps(1 << 20, 1024);
+  UnwindTables tables(&maps);
+  REQUIRE(tables.LoadProcess(getpid()).ok());  // builds this process's tables
+  const UnwindTableStats before = tables.stats();
+  const proc::ProcessInfo info = SelfWithDescriptorlessPins();
   constexpr uint32_t kTgid = 0x3ffffff0;  // no such process
   REQUIRE(tables.LoadProcess(kTgid, /*start_ticks=*/1, /*exec_id=*/7, &info).ok());
   const UnwindTableStats after = tables.stats();
@@ -487,19 +494,10 @@ TEST_CASE("unwind: pinned files of a snapshot find known tables by their pinned 
 // executable file pinned under an identity whose table is loaded, or whose build failed.
 TEST_CASE("unwind: a snapshot loads without building only when every file's table is known",
           "[unwind]") {
-  auto text = proc::ReadFileToString("/proc/self/maps");
-  REQUIRE(text.ok());
-  auto entries = proc::ParseMaps(*text);
-  REQUIRE(entries.ok());
-  proc::ProcessInfo info;
-  info.maps = *entries;
-  info.files.resize(info.maps.size());
+  const proc::ProcessInfo info = SelfWithDescriptorlessPins();
   size_t executable_files = 0;
   for (size_t i = 0; i < info.maps.size(); ++i) {
-    struct stat st {};
-    if (!info.maps[i].file_backed() || stat(info.maps[i].path.c_str(), &st) != 0) continue;
-    info.files[i] = std::make_shared<const proc::PinnedFile>(-1, st);
-    if (info.maps[i].executable()) ++executable_files;
+    if (info.files[i] != nullptr && info.maps[i].executable()) ++executable_files;
   }
   REQUIRE(executable_files >= 2);  // this test binary and libc at least
   FakeMaps maps(1 << 20, 1024);
