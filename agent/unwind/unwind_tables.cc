@@ -234,18 +234,24 @@ std::string IdentityOf(const struct stat& st) {
 }
 }  // namespace
 
+UnwindTables::Table* UnwindTables::PinnedTable(const proc::PinnedFile& pinned, bool* failed) const {
+  const std::string identity = IdentityOf(pinned.stat());
+  *failed = false;
+  if (auto it = identity_to_key_.find(identity); it != identity_to_key_.end()) {
+    if (auto t = tables_.find(it->second); t != tables_.end()) return t->second.get();
+  }
+  *failed = failed_identity_.contains(identity);
+  return nullptr;
+}
+
 bool UnwindTables::LoadsWithoutBuilding(const proc::ProcessInfo& snapshot) const {
   for (size_t i = 0; i < snapshot.maps.size(); ++i) {
     const proc::MapEntry& m = snapshot.maps[i];
     if (!m.executable() || !m.file_backed()) continue;  // [vdso] is not file-backed
     const proc::PinnedFile* pinned = i < snapshot.files.size() ? snapshot.files[i].get() : nullptr;
     if (pinned == nullptr) return false;
-    const std::string identity = IdentityOf(pinned->stat());
-    if (auto it = identity_to_key_.find(identity);
-        it != identity_to_key_.end() && tables_.contains(it->second)) {
-      continue;
-    }
-    if (!failed_identity_.contains(identity)) return false;
+    bool failed = false;
+    if (PinnedTable(*pinned, &failed) == nullptr && !failed) return false;
   }
   return true;
 }
@@ -254,7 +260,6 @@ UnwindTables::Table* UnwindTables::TableFor(uint32_t tgid, const proc::MapEntry&
                                             const proc::PinnedFile* pinned) {
   if (m.path == "[vdso]") return VdsoTable();
   if (!m.file_backed()) return nullptr;
-  auto identity_of = [](const struct stat& st) { return IdentityOf(st); };
   // A pinned file seen before finds its table by the identity it had when pinned, with no
   // system call. Under process churn every image maps the same few files, and the dup, fstat
   // and close per mapping were a third to two thirds of a new image's table load on this kind
@@ -262,14 +267,12 @@ UnwindTables::Table* UnwindTables::TableFor(uint32_t tgid, const proc::MapEntry&
   // follow-up load). The price: a library rewritten in place (same inode) while a pin of it
   // lives (ProcessTable shares pins by device, inode and path) keeps the old identity, so new
   // processes mapping it get the table of its old contents until the pin is released.
+  // A file whose build failed (no CFI, unreadable) under the pinned identity: as above, no
+  // system call. LoadsWithoutBuilding asks the same lookup, so its promise holds.
   if (pinned != nullptr) {
-    const std::string identity = identity_of(pinned->stat());
-    if (auto it = identity_to_key_.find(identity); it != identity_to_key_.end()) {
-      if (auto t = tables_.find(it->second); t != tables_.end()) return t->second.get();
-    }
-    // A file whose build failed (no CFI, unreadable) under the pinned identity: as above, no
-    // system call, and LoadsWithoutBuilding's promise holds.
-    if (failed_identity_.contains(identity)) return nullptr;
+    bool failed = false;
+    if (Table* t = PinnedTable(*pinned, &failed)) return t;
+    if (failed) return nullptr;
   }
   // The file as the process sees it: map_files/ names the mapped file itself (also deleted or
   // replaced files, and in other mount namespaces; needs CAP_SYS_ADMIN), else the path under
@@ -294,7 +297,7 @@ UnwindTables::Table* UnwindTables::TableFor(uint32_t tgid, const proc::MapEntry&
     ++stats_.unreadable;
     return nullptr;
   }
-  const std::string identity = identity_of(st);
+  const std::string identity = IdentityOf(st);
   if (auto it = identity_to_key_.find(identity); it != identity_to_key_.end()) {
     close(fd);
     auto t = tables_.find(it->second);
@@ -1022,14 +1025,15 @@ void UnwindService::PollLoop() {
     // processes (at most every 10 s). TableLoop's housekeeping (ReleaseQuarantine) then runs on
     // its 1 s tick rather than after each load: freed mapping slots wait up to 2 s, not 1 s.
     // Requires mu_ (HandleWork's tables_ and retry_after_).
-    auto inlinable = [this](const Work& w) {
-      const uint32_t kind = w.event.kind;
-      if (kind != PS_UNWIND_EVENT_EXEC && kind != kFollowUpEvent) return false;
-      return w.gone || (w.snapshot != nullptr && tables_.LoadsWithoutBuilding(*w.snapshot));
+    auto exec_or_follow_up = [](const Work& w) {
+      return w.event.kind == PS_UNWIND_EVENT_EXEC || w.event.kind == kFollowUpEvent;
+    };
+    auto inlinable = [this, &exec_or_follow_up](const Work& w) {
+      return exec_or_follow_up(w) &&
+             (w.gone || (w.snapshot != nullptr && tables_.LoadsWithoutBuilding(*w.snapshot)));
     };
     size_t inlined = 0;
-    if (!work.empty() &&
-        (work[0].event.kind == PS_UNWIND_EVENT_EXEC || work[0].event.kind == kFollowUpEvent)) {
+    if (!work.empty() && exec_or_follow_up(work[0])) {
       std::unique_lock<std::mutex> tl(mu_, std::try_to_lock);
       bool idle = false;
       if (tl.owns_lock()) {

@@ -211,6 +211,10 @@ class UnwindTables {
   // the file has none (or it could not be loaded: counted). Adds no reference.
   // `pinned`: the file already open (ProcessTable), or null to open it here.
   Table* TableFor(uint32_t tgid, const proc::MapEntry& m, const proc::PinnedFile* pinned);
+  // The table of a pinned file by the identity it had when pinned, with no system call; nullptr
+  // when none is loaded, and then *failed says whether its build failed before (no CFI,
+  // unreadable). TableFor and LoadsWithoutBuilding both ask it, so they agree.
+  Table* PinnedTable(const proc::PinnedFile& pinned, bool* failed) const;
   Table* VdsoTable();
   Table* Insert(const std::string& key, UnwindTable&& t);
   void Unref(Table* t);
