@@ -328,6 +328,7 @@ UnwindTables::Table* UnwindTables::TableFor(uint32_t tgid, const proc::MapEntry&
     }
     return nullptr;
   }
+  build_rows_ += t->rows.size();
   std::string key = t->build_id.empty() ? absl::StrCat("f:", identity) : absl::StrCat("b:", t->build_id);
   Table* table = nullptr;
   if (auto it = tables_.find(key); it != tables_.end()) {
@@ -738,13 +739,12 @@ bool UnwindService::ExecBudgetLeft(int64_t now_ns) {
   return exec_tokens_ns_.load(std::memory_order_relaxed) > 0;
 }
 
-void UnwindService::ChargeExec(int64_t measured_ns, bool capped) {
+void UnwindService::ChargeExec(int64_t measured_ns, int64_t cap_ns) {
   exec_cpu_ns_.fetch_add(measured_ns, std::memory_order_relaxed);
   int64_t spent_ns = measured_ns;
-  if (capped && spent_ns > kChargeCapNs) {
-    exec_capped_ns_.fetch_add(static_cast<uint64_t>(spent_ns - kChargeCapNs),
-                              std::memory_order_relaxed);
-    spent_ns = kChargeCapNs;
+  if (spent_ns > cap_ns) {
+    exec_capped_ns_.fetch_add(static_cast<uint64_t>(spent_ns - cap_ns), std::memory_order_relaxed);
+    spent_ns = cap_ns;
   }
   // The debt stops at one burst: a load that builds the table of a big new file (seconds, once
   // per file) would otherwise shed every new image for minutes after it.
@@ -1134,11 +1134,11 @@ void UnwindService::HandleWork(const Work& w, int64_t now, int64_t* charged, int
     return;
   }
   const int64_t cpu0 = ThreadCpuNs();
-  const uint64_t build_ns0 = tables_.build_ns();
+  const uint64_t build_rows0 = tables_.build_rows();
   absl::Status s = tables_.LoadProcess(e.tgid, ticks, e.exec_id, w.snapshot.get());
   const int64_t spent = ThreadCpuNs() - cpu0;
-  // Capped unless it built (or tried to build) a table: the cost that really runs long.
-  if (exec_work) ChargeExec(spent, /*capped=*/tables_.build_ns() == build_ns0);
+  // Capped by the size of what it built: a big file's build is the cost that really runs long.
+  if (exec_work) ChargeExec(spent, ChargeCapNs(tables_.build_rows() - build_rows0));
   *charged += spent;  // a refresh of a known process is not new-image work: left out
   ++*loads;
   if (w.queued_ns != 0) {

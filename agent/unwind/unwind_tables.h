@@ -13,6 +13,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -109,8 +110,8 @@ struct UnwindTableStats {
   // Of that CPU time, what the bucket did not charge because its debt stops at one burst (a
   // single load of a big new file can cost seconds): the work beyond the 2% rate.
   uint64_t exec_forgiven_cpu_ns = 0;
-  // Of exec_snapshot_cpu_ns, what single charges measured beyond UnwindService::kChargeCapNs
-  // and the bucket did not charge (vCPU stalls; see there).
+  // Of exec_snapshot_cpu_ns, what single charges measured beyond their cap and the bucket did
+  // not charge (vCPU stalls; UnwindService::kChargeCapNs, ChargeCapNs for a table build).
   uint64_t exec_capped_cpu_ns = 0;
   // New images loaded by UnwindService's poll thread itself (every table known), not handed to
   // its table thread.
@@ -176,6 +177,9 @@ class UnwindTables {
   UnwindTableStats stats() const;
   // stats().build_ns without the copy: grows with every table build tried.
   uint64_t build_ns() const { return stats_.build_ns; }
+  // Rows the table builds produced (ps_unwind_row, 16 bytes each), whether or not a table was
+  // then loaded: the size of the build work, for UnwindService::ChargeCapNs.
+  uint64_t build_rows() const { return build_rows_; }
 
   // For tests and the bench: the table built for a file (nullptr if none).
   struct Table {
@@ -251,6 +255,7 @@ class UnwindTables {
   std::deque<Quarantined> quarantine_;
   uint64_t quarantined_rows_ = 0;
   bool budget_failed_ = false;  // set by Insert when the budget had no room
+  uint64_t build_rows_ = 0;     // build_rows()
   int64_t last_full_sweep_ns_ = 0;
   uint64_t seq_ = 0;
   UnwindTableStats stats_;
@@ -333,20 +338,31 @@ class UnwindService {
   // images); refilled by PollLoop.
   std::atomic<int64_t> exec_tokens_ns_{kExecBurstNs};
   // Charges `measured_ns` of exec work to the bucket, down to -kExecBurstNs at most (the rest
-  // is counted in exec_forgiven_ns_). With `capped`, at most kChargeCapNs of it (the rest is
-  // counted in exec_capped_ns_): for a snapshot, a follow-up, the rest of a poll round or of a
+  // is counted in exec_forgiven_ns_), and at most `cap_ns` of it (the rest is counted in
+  // exec_capped_ns_): kChargeCapNs for a snapshot, a follow-up, the rest of a poll round or of a
   // table batch, and a table load that built no table, which take well under a millisecond
-  // each here; not for a load that built (or tried to build) a table: a big new file's table
-  // takes seconds, really.
-  void ChargeExec(int64_t measured_ns, bool capped = true);
+  // each here; ChargeCapNs(rows) for a load that built tables.
+  void ChargeExec(int64_t measured_ns, int64_t cap_ns = kChargeCapNs);
   // The guest's thread clock (CLOCK_THREAD_CPUTIME_ID) also counts time the host takes the vCPU
   // away: on this kind of VM with both CPUs busy, perf shows each vCPU's samples stopping for
   // ~100 ms several times a minute (the host's CPU bandwidth period). Measured once: a 0.2 ms
   // snapshot took 200 ms of wall time and 100 ms of thread CPU time, and the bucket's debt then
   // shed ~80 short-lived children for 2.5 s. No charge but a table build's is believed beyond
-  // this. A snapshot of a process with thousands of mappings can take more, really: it is then
-  // charged this much, and the excess is counted (exec_capped_ns_) with the stalls.
+  // this, and a build's only up to its size (ChargeCapNs). A snapshot of a process with thousands
+  // of mappings can take more, really: it is then charged this much, and the excess is counted
+  // (exec_capped_ns_) with the stalls.
   static constexpr int64_t kChargeCapNs = 20000000;  // 20 ms
+  // The most a load that built tables of `rows` rows in all is charged: kChargeCapNs plus 400 ns
+  // a row, 4.7-6.5 times what a build costs here (bench/ unwind_table_bench: libc 1.82 ms for
+  // 28,273 rows, 64 ns a row; libstdc++ 62 ns; python3.11 86 ns). A big file's build is charged
+  // what it really takes (its seconds are the cost that runs long); a vCPU stall inside a small
+  // build is not, and no longer sheds new images for up to 2.5 s after it. A build that failed (no
+  // CFI, unreadable) made no rows: kChargeCapNs.
+  static constexpr int64_t kBuildChargeNsPerRow = 400;
+  static int64_t ChargeCapNs(uint64_t rows) {
+    return kChargeCapNs +
+           static_cast<int64_t>(std::min<uint64_t>(rows, uint64_t{1} << 32)) * kBuildChargeNsPerRow;
+  }
   int64_t exec_refill_ns_ = 0;  // CLOCK_MONOTONIC of the last refill (0: none yet)
   std::atomic<uint64_t> exec_shed_{0}, exec_cpu_ns_{0}, exec_forgiven_ns_{0}, exec_capped_ns_{0};
   absl::flat_hash_set<proc::ProcessKey> shed_images_;  // PollLoop's; kMaxImageEntries at most
