@@ -1156,38 +1156,40 @@ def budgets(summary, footprint, life=None):
         "limit": f"<= {BUDGET_SCHED_SWITCH_NS} ns", "peer": f"offcputime {ns(sw_peer)}",
         "verdict": verdict(None if sw is None else sw <= BUDGET_SCHED_SWITCH_NS)})
     # Issue 14: in every scenario, not only pooled (where scenario 2's many cheap events weigh).
-    per_scen = {}
-    for key, rows in summary.items():
-        p = find_prog(rows.get("parascope", {}).get("progs", {}), "sched_switch")
-        if p and p["run_cnt"]:
-            per_scen[key] = p["run_time_ns"] / p["run_cnt"]
-    worst = max(per_scen.items(), key=lambda kv: kv[1]) if per_scen else None
+    def switch_prog(key, tool):
+        return find_prog(summary[key].get(tool, {}).get("progs", {}), "sched_switch")
+
+    def worst_switch_figure(figure_of):
+        """(scenario, figure, offcputime's program there) of the scenario where parascope's
+        sched_switch figure_of(program) is highest, or None."""
+        figures = {}
+        for key in summary:
+            p = switch_prog(key, "parascope")
+            if p and figure_of(p) is not None:
+                figures[key] = figure_of(p)
+        if not figures:
+            return None
+        key = max(figures, key=figures.get)
+        return key, figures[key], switch_prog(key, "offcputime")
+
+    worst = worst_switch_figure(lambda p: p["mean_ns"] if p["run_cnt"] else None)
     # offcputime's mean in that same scenario: whether its events are costly for any program
-    worst_peer = None if not worst else find_prog(
-        summary[worst[0]].get("offcputime", {}).get("progs", {}), "sched_switch")
     lines.append({
         "budget": "sched_switch program, mean per event (worst scenario)",
         "figure": "n/a" if not worst else f"{ns(worst[1])} ({SCENARIOS[worst[0]].name})",
         "limit": f"<= {BUDGET_SCHED_SWITCH_NS} ns",
-        "peer": "n/a" if not worst_peer or not worst_peer["run_cnt"]
-                else f"offcputime {ns(worst_peer['mean_ns'])} there",
+        "peer": "n/a" if not worst or not worst[2] or not worst[2]["run_cnt"]
+                else f"offcputime {ns(worst[2]['mean_ns'])} there",
         "verdict": verdict(None if not worst else worst[1] <= BUDGET_SCHED_SWITCH_NS)})
     # Not a budget of the issue: the same cost at each scenario's event rate, so that a scenario
     # of few, cold events (scenario 1) can be judged by what it takes from the machine.
-    shares = {}
-    for key, rows in summary.items():
-        p = find_prog(rows.get("parascope", {}).get("progs", {}), "sched_switch")
-        if p and p.get("cpu_share") is not None:
-            shares[key] = p["cpu_share"]
-    top = max(shares.items(), key=lambda kv: kv[1]) if shares else None
-    peer_p = None if not top else find_prog(
-        summary[top[0]].get("offcputime", {}).get("progs", {}), "sched_switch")
+    top = worst_switch_figure(lambda p: p.get("cpu_share"))
     lines.append({
         "budget": "sched_switch program, share of the machine's CPU (worst scenario)",
         "figure": "n/a" if not top else f"{100 * top[1]:.3f}% ({SCENARIOS[top[0]].name})",
         "limit": "none (informative)",
-        "peer": "n/a" if not peer_p or peer_p.get("cpu_share") is None
-                else f"offcputime {100 * peer_p['cpu_share']:.3f}%",
+        "peer": "n/a" if not top or not top[2] or top[2].get("cpu_share") is None
+                else f"offcputime {100 * top[2]['cpu_share']:.3f}%",
         "verdict": "n/a"})
     pe, pe_peer = pooled_prog(summary, "parascope", "perf_event"), \
         pooled_prog(summary, "bpftrace", "perf_event")
