@@ -348,8 +348,9 @@ class AgentMetrics {
     unwind_scalar(MetricType::kCounter, "parascope_process_snapshot_work_capped_seconds_total",
                   "Of parascope_process_snapshot_work_seconds_total, the CPU time the budget did "
                   "not charge because a single snapshot or round of new-image work measured "
-                  "more than 20 ms: on a VM the thread clock also counts time the host took the "
-                  "vCPU away, and one such stall would shed new images for seconds. In seconds.",
+                  "more than its cap (20 ms; a table build 20 ms plus 400 ns a built row): on a "
+                  "VM the thread clock also counts time the host took the vCPU away, and one such "
+                  "stall would shed new images for seconds. In seconds.",
                   [](const auto& s) { return s.exec_capped_cpu_ns / 1e9; });
     unwind_scalar(MetricType::kCounter, "parascope_unwind_table_build_seconds_total",
                   "Time spent building unwind tables, in seconds.",

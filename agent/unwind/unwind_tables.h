@@ -175,10 +175,9 @@ class UnwindTables {
   // unknown, adopts it: the walker claimed that entry for the running image).
   bool KnownImage(uint32_t tgid, uint64_t start_ticks, uint32_t exec_id);
   UnwindTableStats stats() const;
-  // stats().build_ns without the copy: grows with every table build tried.
-  uint64_t build_ns() const { return stats_.build_ns; }
   // Rows the table builds produced (ps_unwind_row, 16 bytes each), whether or not a table was
-  // then loaded: the size of the build work, for UnwindService::ChargeCapNs.
+  // then loaded, and for a build that failed a bound of what it parsed (a quarter of the file's
+  // bytes): the size of the build work, for UnwindService::ChargeCapNs.
   uint64_t build_rows() const { return build_rows_; }
 
   // For tests and the bench: the table built for a file (nullptr if none).
@@ -356,8 +355,8 @@ class UnwindService {
   // a row, 4.7-6.5 times what a build costs here (bench/ unwind_table_bench: libc 1.82 ms for
   // 28,273 rows, 64 ns a row; libstdc++ 62 ns; python3.11 86 ns). A big file's build is charged
   // what it really takes (its seconds are the cost that runs long); a vCPU stall inside a small
-  // build is not, and no longer sheds new images for up to 2.5 s after it. A build that failed (no
-  // CFI, unreadable) made no rows: kChargeCapNs.
+  // build is not, and no longer sheds new images for up to 2.5 s after it. A build that failed
+  // counts a quarter row per byte of its file (UnwindTables::build_rows).
   static constexpr int64_t kBuildChargeNsPerRow = 400;
   static int64_t ChargeCapNs(uint64_t rows) {
     return kChargeCapNs +

@@ -881,8 +881,9 @@ TEST_CASE("lifecycle e2e: process churn past the new-process budget is shed and 
   // Included in work_s: what the bucket's debt floor did not charge.
   const double forgiven_s =
       MetricValue(after, "parascope_process_snapshot_work_forgiven_seconds_total");
-  // Included in work_s too: what single charges measured beyond 20 ms (vCPU stalls the thread
-  // clock counts; UnwindService::kChargeCapNs), not work the budget let through.
+  // Included in work_s too: what single charges measured beyond their cap (20 ms; vCPU stalls
+  // the thread clock counts; UnwindService::kChargeCapNs, ChargeCapNs), not work the budget let
+  // through.
   const double capped_s =
       MetricValue(after, "parascope_process_snapshot_work_capped_seconds_total");
   const double shed = delta("parascope_process_snapshots_shed_total");
@@ -906,7 +907,7 @@ TEST_CASE("lifecycle e2e: process churn past the new-process budget is shed and 
   // forgave too: a forgiving budget fails here.
   CHECK(forgiven_s >= 0);  // exported (MetricValue: -1 when missing)
   CHECK(capped_s >= 0);
-  // The capped time is left out: single charges measured beyond 20 ms, vCPU stalls here (real
+  // The capped time is left out: single charges measured beyond their cap, vCPU stalls here (real
   // work that long would be exempt from this bound too; none is expected of a /bin/true).
   CHECK(work_s - capped_s <= 0.05 + 0.02 * uptime_s + 0.1);
   // No window was missed meanwhile.
