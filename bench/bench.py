@@ -283,7 +283,9 @@ class Profiler:
         pid = self.proc.pid
         self.snapshot = {
             "progs": bpf_prog_stats(pid, self.bpf_name_prefix),
-            # from readiness (the programs attached) to these counters: their CPU share's base
+            # From readiness (the programs attached) to these counters: their CPU share's base
+            # in the scenario runs (footprint runs keep kernel.bpf_stats_enabled off from
+            # readiness on, so there it says nothing and is not used).
             "progs_seconds": time.monotonic() - self.t_ready if self.t_ready else None,
             "rss_kib": proc_status_kib(pid, "VmRSS"),
             "hwm_kib": proc_status_kib(pid, "VmHWM"),
@@ -661,17 +663,20 @@ def summarize(runs, tools):
                 p = r["profiler"]
                 for s in p.get("progs", []):
                     acc = progs.setdefault(s["name"], {"type": s["type"], "run_time_ns": 0,
-                                                       "run_cnt": 0, "seconds": 0.0})
+                                                       "run_cnt": 0, "seconds": 0.0,
+                                                       "share_ns": 0})
                     acc["run_time_ns"] += s["run_time_ns"]
                     acc["run_cnt"] += s["run_cnt"]
-                    acc["seconds"] += p.get("progs_seconds") or 0.0
+                    if p.get("progs_seconds"):
+                        acc["seconds"] += p["progs_seconds"]
+                        acc["share_ns"] += s["run_time_ns"]
                 agent.append(p)
             for acc in progs.values():
                 acc["mean_ns"] = acc["run_time_ns"] / acc["run_cnt"] if acc["run_cnt"] else None
                 # The program's share of the machine's CPU time while attached (all CPUs): what
                 # the per-event mean costs at the scenario's event rate. Counted from readiness,
                 # so the attach-to-ready runs make it a slight overestimate.
-                acc["cpu_share"] = (acc["run_time_ns"] / (acc["seconds"] * 1e9 * NCPU)
+                acc["cpu_share"] = (acc["share_ns"] / (acc["seconds"] * 1e9 * NCPU)
                                     if acc["seconds"] else None)
             rows[name]["progs"] = progs
             if agent:
@@ -1185,7 +1190,7 @@ def budgets(summary, footprint, life=None):
     # of few, cold events (scenario 1) can be judged by what it takes from the machine.
     top = worst_switch_figure(lambda p: p.get("cpu_share"))
     lines.append({
-        "budget": "sched_switch program, share of the machine's CPU (worst scenario)",
+        "budget": "sched_switch program, share of the machine's CPU (highest-share scenario)",
         "figure": "n/a" if not top else f"{100 * top[1]:.3f}% ({SCENARIOS[top[0]].name})",
         "limit": "none (informative)",
         "peer": "n/a" if not top or not top[2] or top[2].get("cpu_share") is None
